@@ -1,0 +1,307 @@
+"""The engine: device state of one sequence, its entries, and the three primitives (SPEC §3).
+
+State:
+  GDN layers   S [n_gdn, nv, dk, dv] fp32 and hist [n_gdn, C, K-1] (conv window), held in a
+               ring of mmax+1 slots; `slot` is the live one. Plain steps update it in place;
+               a checkpointed verify writes row j's state into slot+1+j, and accepting n rows
+               just moves `slot` (no copy, no replay).
+  attention    KV cache [n_attn, max_seq, nkv, hd] + a cursor per layer (= visible length).
+  MTP          its own KV cache [max_seq, nkv, hd] + its own cursor (an independent slot).
+
+Cursor = positions consumed = the next position to consume. Entries must start exactly at
+the cursor. Every entry validates all of its input before it touches state, so a call that
+raises leaves the engine bit-identical.
+
+Primitives:
+  mark()            one-shot snapshot: copy live S/hist device-to-device, record every cursor.
+  rollback()        copy S/hist back, restore cursors (zero copy), invalidate the snapshot.
+  mtp_truncate(n)   set the MTP write cursor to n (no copy, no clearing); invalidates a snapshot.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import BatchWidthError, CursorError, KestrelError, SnapshotError, TokenError
+from .model import LayerState, Model
+from .ops.linear import ROWS
+
+BATCH_MODES = ("strict", "flex")
+
+
+@dataclass
+class Step:
+    hidden: object   # [D] for one row, [M, D] for a batch (after model.norm / mtp.norm)
+    logits: object   # [V] or [M, V]
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+class Engine:
+    def __init__(self, model: Model, max_seq: int = 512, mmax: int = 3, batch: str = "flex"):
+        if not isinstance(model, Model):
+            raise KestrelError(f"Engine needs a kestrel Model (from kestrel.load), got {type(model).__name__}")
+        if not _is_int(max_seq) or max_seq < 1:
+            raise KestrelError(f"max_seq must be a positive int, got {max_seq!r}")
+        if not _is_int(mmax) or not 1 <= mmax <= ROWS:
+            raise KestrelError(f"mmax must be an int in [1, {ROWS}], got {mmax!r}")
+        if batch not in BATCH_MODES:
+            raise KestrelError(f"batch must be one of {BATCH_MODES}, got {batch!r}")
+        self.model, self.cfg, self.be = model, model.cfg, model.be
+        self.max_seq, self.mmax, self.batch = int(max_seq), int(mmax), batch
+        c, be = self.cfg, self.be
+        self.n_gdn, self.n_attn = len(c.gdn_layers), len(c.attn_layers)
+        self.nslots = self.mmax + 1
+        self.S = be.zeros((self.nslots, self.n_gdn, c.lin_num_value_heads, c.lin_key_head_dim, c.lin_value_head_dim))
+        self.hist = be.zeros((self.nslots, self.n_gdn, c.conv_dim, c.conv_kernel - 1))
+        self.kc = be.zeros((self.n_attn, self.max_seq, c.num_kv_heads, c.head_dim))
+        self.vc = be.zeros((self.n_attn, self.max_seq, c.num_kv_heads, c.head_dim))
+        self.S_snap = be.zeros(self.S.shape[1:])
+        self.hist_snap = be.zeros(self.hist.shape[1:])
+        if model.has_mtp:
+            self.mtp_kc = be.zeros((self.max_seq, c.num_kv_heads, c.head_dim))
+            self.mtp_vc = be.zeros((self.max_seq, c.num_kv_heads, c.head_dim))
+        self.reset()
+
+    # ---- cursors & bookkeeping -----------------------------------------------------------
+    def reset(self):
+        """Empty sequence: zero every buffer and cursor, drop snapshot and pending verify."""
+        for a in (self.S, self.hist, self.kc, self.vc, self.S_snap, self.hist_snap):
+            a[...] = 0
+        if self.model.has_mtp:
+            self.mtp_kc[...] = 0
+            self.mtp_vc[...] = 0
+        self.slot = 0
+        self.pos = 0                          # main-model cursor
+        self.attn_len = [0] * self.n_attn     # per attention layer (always == pos between calls)
+        self.mtp_len = 0                      # MTP cursor
+        self.snap = None                      # dict(pos, attn_len, mtp_len) while a mark is live
+        self.pending = None                   # (pos, M) after verify_checkpointed
+
+    @property
+    def cursor(self) -> int:
+        return self.pos
+
+    @property
+    def mtp_cursor(self) -> int:
+        return self.mtp_len
+
+    @property
+    def has_snapshot(self) -> bool:
+        return self.snap is not None
+
+    def state_bytes(self) -> dict:
+        """Bytes each primitive moves: mark/rollback copy S+hist; cursors are free."""
+        return {"gdn_S": int(self.S[0].size * 4), "gdn_hist": int(self.hist[0].size * 4),
+                "kv_per_token": self.cfg.kv_bytes_per_token(4)}
+
+    def live_state(self):
+        """(S, hist) views of the live slot."""
+        return self.S[self.slot], self.hist[self.slot]
+
+    def snapshot_state(self) -> dict:
+        """A host copy of everything the engine holds (for bit-exact comparisons in tests)."""
+        be = self.be
+        d = {"S": be.to_numpy(self.S).copy(), "hist": be.to_numpy(self.hist).copy(),
+             "kc": be.to_numpy(self.kc).copy(), "vc": be.to_numpy(self.vc).copy(),
+             "S_snap": be.to_numpy(self.S_snap).copy(), "hist_snap": be.to_numpy(self.hist_snap).copy(),
+             "slot": self.slot, "pos": self.pos, "attn_len": list(self.attn_len), "mtp_len": self.mtp_len,
+             "snap": None if self.snap is None else dict(self.snap, attn_len=list(self.snap["attn_len"])),
+             "pending": self.pending}
+        if self.model.has_mtp:
+            d["mtp_kc"] = be.to_numpy(self.mtp_kc).copy()
+            d["mtp_vc"] = be.to_numpy(self.mtp_vc).copy()
+        return d
+
+    # ---- validation (no state touched) ----------------------------------------------------
+    def _tokens(self, tokens, what: str) -> np.ndarray:
+        if _is_int(tokens) or (isinstance(tokens, np.ndarray) and tokens.ndim == 0 and tokens.dtype.kind in "iu"):
+            arr = np.asarray([int(tokens)], dtype=np.int64)
+        else:
+            try:
+                arr = np.asarray(self.be.to_numpy(tokens) if hasattr(tokens, "__cuda_array_interface__") else tokens)
+            except Exception:
+                raise TokenError(f"{what}: tokens must be an int or a 1-D sequence of ints") from None
+            if arr.ndim != 1 or arr.size == 0:
+                raise TokenError(f"{what}: tokens must be a non-empty 1-D sequence of ints, got shape {arr.shape}")
+            if arr.dtype.kind not in "iu":
+                if arr.dtype == object and all(_is_int(t) for t in arr):
+                    arr = arr.astype(np.int64)
+                else:
+                    raise TokenError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+            arr = arr.astype(np.int64)
+        V = self.cfg.vocab_size
+        bad = (arr < 0) | (arr >= V)
+        if bad.any():
+            raise TokenError(f"{what}: token id {int(arr[bad][0])} out of range [0, {V})")
+        return arr
+
+    def _check_pos(self, pos, m: int, cursor: int, what: str, cursor_name: str = "cursor"):
+        if not _is_int(pos):
+            raise CursorError(f"{what}: position must be an int, got {pos!r}")
+        if pos + m > self.max_seq:
+            raise CursorError(f"{what}: positions {pos}..{pos + m - 1} exceed max_seq={self.max_seq}")
+        if pos != cursor:
+            hint = ("this position was already consumed (double consumption)" if pos < cursor
+                    else "positions in between were never consumed (a skip)")
+            raise CursorError(f"{what}: position {pos} is not contiguous with the {cursor_name} at {cursor}: {hint}")
+
+    def _check_width(self, m: int, what: str):
+        if self.batch == "strict" and m != self.mmax:
+            raise BatchWidthError(f"{what}: strict batch requires M == mmax == {self.mmax}, got M={m} "
+                                  f"(the seed's hard pre-check; use batch='flex' to allow 1 <= M <= mmax)")
+        if not 1 <= m <= self.mmax:
+            raise BatchWidthError(f"{what}: batch width M={m} outside [1, mmax={self.mmax}]")
+
+    def _no_pending(self, what: str):
+        if self.pending is not None:
+            raise SnapshotError(f"{what}: a checkpointed verify at position {self.pending[0]} is pending; "
+                                f"call select_checkpoint(n) first")
+
+    def _live(self) -> LayerState:
+        return LayerState(S=[self.S[self.slot, g] for g in range(self.n_gdn)],
+                          hist=[self.hist[self.slot, g] for g in range(self.n_gdn)],
+                          kc=[self.kc[a] for a in range(self.n_attn)], vc=[self.vc[a] for a in range(self.n_attn)])
+
+    def _advance(self, m: int):
+        self.pos += m
+        self.attn_len = [self.pos] * self.n_attn
+
+    # ---- entries ---------------------------------------------------------------------------
+    def prefill(self, tokens) -> Step:
+        """Consume the prompt at positions 0..P-1 (fresh engine). Step of every row: [P, D], [P, V]."""
+        toks = self._tokens(tokens, "prefill")
+        self._no_pending("prefill")
+        if self.pos != 0:
+            raise CursorError(f"prefill: the engine has already consumed {self.pos} positions; call reset() first")
+        if len(toks) > self.max_seq:
+            raise CursorError(f"prefill: prompt of {len(toks)} tokens exceeds max_seq={self.max_seq}")
+        h, lg = self.model.forward(toks, 0, self._live())
+        self._advance(len(toks))
+        return Step(h, lg)
+
+    def step(self, pos, token) -> Step:
+        """M=1: consume `token` at position `pos` (== cursor). Step(hidden [D], logits [V])."""
+        toks = self._tokens(token, "step")
+        if len(toks) != 1:
+            raise TokenError(f"step: takes exactly one token, got {len(toks)} (use step_m for a batch)")
+        self._no_pending("step")
+        self._check_pos(pos, 1, self.pos, "step")
+        h, lg = self.model.forward(toks, pos, self._live())
+        self._advance(1)
+        return Step(h[0], lg[0])
+
+    def step_m(self, pos, tokens) -> Step:
+        """Batch of M rows at pos..pos+M-1. Row j is bit-identical to the j-th of M steps."""
+        toks = self._tokens(tokens, "step_m")
+        self._check_width(len(toks), "step_m")
+        self._no_pending("step_m")
+        self._check_pos(pos, len(toks), self.pos, "step_m")
+        h, lg = self.model.forward(toks, pos, self._live())
+        self._advance(len(toks))
+        return Step(h, lg)
+
+    def verify_checkpointed(self, pos, tokens) -> Step:
+        """Like step_m, but the GDN state (and conv window) after each row goes into its own
+        slot and the live state is left as it was. Follow with select_checkpoint(n)."""
+        toks = self._tokens(tokens, "verify_checkpointed")
+        m = len(toks)
+        self._check_width(m, "verify_checkpointed")
+        self._no_pending("verify_checkpointed")
+        self._check_pos(pos, m, self.pos, "verify_checkpointed")
+        st = self._live()
+        rows = [(self.slot + 1 + j) % self.nslots for j in range(m)]
+        st.S_slots = [[self.S[r, g] for r in rows] for g in range(self.n_gdn)]
+        st.hist_slots = [[self.hist[r, g] for r in rows] for g in range(self.n_gdn)]
+        h, lg = self.model.forward(toks, pos, st)
+        self.pending = (pos, m)
+        self._advance(m)
+        return Step(h, lg)
+
+    def select_checkpoint(self, n):
+        """Keep the first n rows of the pending checkpointed verify (0 <= n <= M): the live GDN
+        slot becomes row n-1's slot (n == 0: the untouched original); attention cursors move
+        to pos+n. No copy, no replay."""
+        if self.pending is None:
+            raise SnapshotError("select_checkpoint: no checkpointed verify is pending")
+        pos, m = self.pending
+        if not _is_int(n) or not 0 <= n <= m:
+            raise BatchWidthError(f"select_checkpoint: n must be an int in [0, {m}], got {n!r}")
+        self.slot = (self.slot + n) % self.nslots
+        self.pending = None
+        self.pos = pos
+        self._advance(n)
+
+    def mtp_step(self, pos, token, hidden) -> Step:
+        """MTP head rows at positions pos..pos+M-1 of its own slot (pos == MTP cursor).
+        token: int with hidden [D], or tokens [M] with hidden [M, D]."""
+        if not self.model.has_mtp:
+            raise KestrelError("mtp_step: this model has no MTP head (mtp_num_hidden_layers = 0)")
+        single = _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
+        toks = self._tokens(token, "mtp_step")
+        m, D = len(toks), self.cfg.hidden_size
+        hid = hidden
+        shape = tuple(getattr(hid, "shape", np.shape(hid)))
+        want = (D,) if single else (m, D)
+        if shape != want:
+            raise TokenError(f"mtp_step: hidden has shape {list(shape)}, expected {list(want)} for {m} token(s)")
+        self._check_pos(pos, m, self.mtp_len, "mtp_step", "MTP cursor")
+        hid = self.be.asarray(hid).reshape(m, D)
+        hp, lg = self.model.mtp_forward(toks, hid, pos, self.mtp_kc, self.mtp_vc)
+        self.mtp_len = pos + m
+        return Step(hp[0], lg[0]) if single else Step(hp, lg)
+
+    # ---- the three primitives ---------------------------------------------------------------
+    def mark(self, include_mtp_cursor: bool = True):
+        """One-shot snapshot. include_mtp_cursor=False is the seed's negative control only."""
+        self._no_pending("mark")
+        self.S_snap[...] = self.S[self.slot]
+        self.hist_snap[...] = self.hist[self.slot]
+        self.snap = {"pos": self.pos, "attn_len": list(self.attn_len),
+                     "mtp_len": self.mtp_len if (include_mtp_cursor and self.model.has_mtp) else None}
+
+    def rollback(self):
+        if self.snap is None:
+            raise SnapshotError("rollback without a valid mark (snapshots are one-shot; mtp_truncate also invalidates)")
+        self._no_pending("rollback")
+        self.S[self.slot] = self.S_snap
+        self.hist[self.slot] = self.hist_snap
+        self.pos = self.snap["pos"]
+        self.attn_len = list(self.snap["attn_len"])
+        if self.snap["mtp_len"] is not None:
+            self.mtp_len = self.snap["mtp_len"]
+        self.snap = None
+
+    def mtp_truncate(self, length):
+        """Set the MTP write cursor to `length` (0 <= length <= the rows written). Rows past it
+        are never read and get overwritten by the next append. Invalidates a live snapshot."""
+        if not self.model.has_mtp:
+            raise KestrelError("mtp_truncate: this model has no MTP head")
+        if not _is_int(length) or not 0 <= length <= self.mtp_len:
+            raise CursorError(f"mtp_truncate: length must be an int in [0, {self.mtp_len}] (rows written), got {length!r}")
+        self.mtp_len = int(length)
+        self.snap = None
+
+    def __repr__(self):
+        return (f"Engine({self.cfg.name}, backend={self.be.name}, batch={self.batch}, mmax={self.mmax}, "
+                f"max_seq={self.max_seq}, cursor={self.pos}, mtp_cursor={self.mtp_len}, snapshot={self.snap is not None})")
+
+
+def generate(model: Model, prompt, n_tokens: int, max_seq: int | None = None) -> list:
+    """Pure greedy decoding: the reference stream every speculative run must equal."""
+    prompt = list(prompt)
+    if not _is_int(n_tokens) or n_tokens < 0:
+        raise KestrelError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
+    eng = Engine(model, max_seq=max_seq or len(prompt) + n_tokens, mmax=1, batch="flex")
+    logits = eng.prefill(prompt).logits[-1]
+    out = []
+    for i in range(n_tokens):
+        t = int(model.be.argmax(logits))
+        out.append(t)
+        if i + 1 < n_tokens:
+            logits = eng.step(eng.cursor, t).logits
+    return out

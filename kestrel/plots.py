@@ -1,0 +1,157 @@
+"""Plot helpers for the book's notebooks (plotly only, imported lazily).
+
+``show(fig)`` displays a plotly figure so that it renders
+
+* live, in JupyterLab / Notebook 7 / VS Code, through the plotly mime type
+  ``application/vnd.plotly.v1+json`` (plotly >= 6 ships the JupyterLab renderer), and
+* in the static book, offline, through a ``text/html`` fallback: a ``<div>`` plus an
+  inline ``Plotly.newPlot(...)`` call, without the 4.6 MB plotly.js (the book loads one
+  local copy of ``plotly.min.js`` on every page; see ``book/_ext/kestrel_book.py``).
+  Jupyter Book picks ``text/html`` (it does not know the plotly mime type).
+
+The div id is derived from the figure's content plus a per-kernel counter, so
+re-running a notebook with the same data gives byte-identical output. nbval
+(``--nbval-lax``) only compares cells marked ``# NBVAL_CHECK_OUTPUT``: never mark a
+figure cell or a ``stamp()`` cell (their content depends on the machine and the date);
+put backend-independent numbers in their own checked cells instead.
+
+``stamp()`` / ``provenance()`` say where and when a result was measured:
+"measured on <device> at <date>".
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+__all__ = ["show", "figure", "stamp", "provenance", "device_name"]
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+DEFAULT_HEIGHT = 420
+_CONFIG = {"displaylogo": False, "responsive": True}
+_counter = 0
+
+
+# --------------------------------------------------------------------------- figures
+
+def figure(title: str | None = None, *, height: int = DEFAULT_HEIGHT, **layout: Any):
+    """A ``plotly.graph_objects.Figure`` with the book's look (white template, fixed height)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.update_layout(template="plotly_white", height=height,
+                      margin=dict(l=60, r=20, t=60 if title else 30, b=50), **layout)
+    if title:
+        fig.update_layout(title=title)
+    return fig
+
+
+def _figure_dict(fig) -> dict:
+    """The figure as plain JSON (numpy arrays become plotly's base64 typed arrays)."""
+    return json.loads(fig.to_json())
+
+
+def _summary(fig, fig_json: dict) -> str:
+    title = fig_json.get("layout", {}).get("title", {})
+    title = title.get("text") if isinstance(title, dict) else title
+    kinds = [t.get("type", "scatter") for t in fig_json.get("data", [])]
+    return f"<plotly figure{': ' + repr(title) if title else ''}, traces: {', '.join(kinds) or 'none'}>"
+
+
+def bundle(fig, *, include_json: bool = True) -> dict:
+    """The display mime bundle ``show`` emits (useful for tests)."""
+    global _counter
+    fig_json = _figure_dict(fig)
+    digest = hashlib.sha1(json.dumps(fig_json, sort_keys=True).encode()).hexdigest()[:10]
+    _counter += 1
+    div_id = f"kfig-{_counter}-{digest}"
+    height = fig_json.get("layout", {}).get("height") or DEFAULT_HEIGHT
+    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id,
+                       config=_CONFIG, default_width="100%", default_height=f"{height}px",
+                       validate=False)
+    out = {"text/html": html, "text/plain": _summary(fig, fig_json)}
+    if include_json:
+        out[PLOTLY_MIME] = {"data": fig_json.get("data", []),
+                            "layout": fig_json.get("layout", {}), "config": _CONFIG}
+    return out
+
+
+def show(fig, *, include_json: bool = True) -> None:
+    """Display ``fig`` live (plotly mime) and in the static offline book (text/html)."""
+    from IPython.display import display
+
+    display(bundle(fig, include_json=include_json), raw=True)
+
+
+# --------------------------------------------------------------------------- provenance
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: Any = None) -> str:
+    """A human name for the device results come from.
+
+    ``device`` may be a string (returned as is), or an object with a ``device_name``
+    or ``device`` attribute (e.g. an engine or model). Without one: the current CuPy
+    device if CuPy is already imported and sees a GPU, else the CPU model.
+    ``KESTREL_DEVICE_NAME`` overrides the autodetection.
+    """
+    if isinstance(device, str):
+        return device
+    for attr in ("device_name", "device"):
+        val = getattr(device, attr, None) if device is not None else None
+        if isinstance(val, str) and val not in ("cpu", "cuda", "auto"):
+            return val
+    if os.environ.get("KESTREL_DEVICE_NAME"):
+        return os.environ["KESTREL_DEVICE_NAME"]
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        try:
+            dev = cp.cuda.Device()
+            props = cp.cuda.runtime.getDeviceProperties(dev.id)
+            name = props["name"]
+            return (name.decode() if isinstance(name, bytes) else str(name)) + " (GPU)"
+        except Exception:
+            pass
+    return f"{_cpu_name()} (CPU, {os.cpu_count()} cores)"
+
+
+def provenance(device: Any = None, when: _dt.datetime | None = None) -> dict:
+    """``{"device", "date", "python", "host"}`` for the measurement at hand."""
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    return {
+        "device": device_name(device),
+        "date": when.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+
+
+def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
+          quiet: bool = False) -> str:
+    """Print (and return) "measured on <device> at <date>".
+
+    With ``fig``, also write the line into the figure (small grey text above the plot
+    area, right-aligned) so the static book shows it with the figure; returns the line.
+    """
+    p = provenance(device, when)
+    line = f"measured on {p['device']} at {p['date']}"
+    if fig is not None:
+        fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=1.0,
+                           xanchor="right", yanchor="bottom", yshift=6, showarrow=False,
+                           font=dict(size=10, color="#777"))
+    if not quiet:
+        print(line)
+    return line
