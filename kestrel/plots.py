@@ -103,17 +103,18 @@ def _cpu_name() -> str:
 def device_name(device: Any = None) -> str:
     """A human name for the device results come from.
 
-    ``device`` may be a string (returned as is), or an object with a ``device_name``
-    or ``device`` attribute (e.g. an engine or model). Without one: the current CuPy
+    ``device`` may be a string (returned as is), a kestrel backend (``.device_name``), or
+    a model/engine holding one (``.be``). Without one: the current CuPy
     device if CuPy is already imported and sees a GPU, else the CPU model.
     ``KESTREL_DEVICE_NAME`` overrides the autodetection.
     """
     if isinstance(device, str):
         return device
-    for attr in ("device_name", "device"):
-        val = getattr(device, attr, None) if device is not None else None
-        if isinstance(val, str) and val not in ("cpu", "cuda", "auto"):
-            return val
+    # an object: a backend (.device_name), or a model/engine holding one (.be / .backend)
+    for obj in (device, getattr(device, "be", None), getattr(device, "backend", None)):
+        name = getattr(obj, "device_name", None) if obj is not None else None
+        if isinstance(name, str) and name:
+            return name
     if os.environ.get("KESTREL_DEVICE_NAME"):
         return os.environ["KESTREL_DEVICE_NAME"]
     cp = sys.modules.get("cupy")

@@ -9,11 +9,15 @@ Loaded by ``_config.yml`` (``sphinx: local_extensions: kestrel_book: book/_ext``
   The plotly.js copy therefore always matches the Python package that made the
   figure JSON.
 * MathJax: the book uses MathJax 2.7 from a local copy (Debian ``libjs-mathjax``
-  in /usr/share/javascript/mathjax, or the PyPI ``jupyter-server-mathjax``
-  package), copied (pruned to TeX input + SVG output, ~3 MB) into
+  in /usr/share/javascript/mathjax, or a MathJax 2.7 tree named by
+  ``KESTREL_MATHJAX_DIR``), copied (pruned to TeX input + SVG output, ~3 MB) into
   ``_static/mathjax/``. ``_config.yml`` points ``mathjax_path`` at it. Sphinx
   only loads MathJax on pages that contain math; if a page has math and no
   local MathJax is found, this extension emits a warning (an error under -W).
+* thebe: Jupyter Book always loads sphinx-thebe, whose inline config script names a
+  CDN URL (unpkg) and is emitted twice per page by sphinx-thebe 0.3.1 on Sphinx 7
+  ("Identifier 'THEBE_JS_URL' has already been declared"). The book has no live-code
+  button, so its scripts/CSS are dropped from every page.
 """
 from __future__ import annotations
 
@@ -49,17 +53,9 @@ def plotly_js_path() -> Path:
 
 
 def mathjax_source() -> Path | None:
-    candidates = list(_MATHJAX_CANDIDATES)
-    try:  # PyPI jupyter-server-mathjax ships MathJax 2.7 under static/
-        import importlib.util
-
-        spec = importlib.util.find_spec("jupyter_server_mathjax")
-        if spec and spec.submodule_search_locations:
-            candidates.append(str(Path(list(spec.submodule_search_locations)[0]) / "static"))
-    except Exception:  # pragma: no cover
-        pass
-    for c in candidates:
-        if c and (Path(c) / "MathJax.js").is_file():
+    # (PyPI's jupyter-server-mathjax is no substitute: its copy lacks the SVG output.)
+    for c in _MATHJAX_CANDIDATES:
+        if c and (Path(c) / "MathJax.js").is_file() and (Path(c) / "config/TeX-AMS_SVG.js").is_file():
             return Path(c)
     return None
 
@@ -109,10 +105,22 @@ def _on_check_consistency(app, env) -> None:
         if math.has_equations(docname):
             logger.warning(
                 "kestrel_book: page %r contains math but no local MathJax 2.7 was found "
-                "(install it: apt-get install -y libjs-mathjax, or pip install "
-                "--no-deps jupyter-server-mathjax, or set KESTREL_MATHJAX_DIR); "
+                "(install it: apt-get install -y libjs-mathjax, or point KESTREL_MATHJAX_DIR "
+                "at a MathJax 2.7 tree); "
                 "the book must not load MathJax from a CDN", docname)
             return
+
+
+def _is_thebe(asset) -> bool:
+    name = getattr(asset, "filename", "") or ""
+    body = (getattr(asset, "attributes", {}) or {}).get("body", "") or ""
+    return "sphinx-thebe" in name or "THEBE_JS_URL" in body or "thebe" in name.rsplit("/", 1)[-1]
+
+
+def _on_page_context(app, pagename, templatename, context, doctree) -> None:
+    for key in ("script_files", "css_files"):
+        if key in context:
+            context[key] = [a for a in context[key] if not _is_thebe(a)]
 
 
 def setup(app):
@@ -120,4 +128,5 @@ def setup(app):
     app.add_js_file(PLOTLY_JS, priority=200)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-check-consistency", _on_check_consistency)
+    app.connect("html-page-context", _on_page_context, priority=900)  # after everyone else
     return {"version": "0.1", "parallel_read_safe": True, "parallel_write_safe": True}

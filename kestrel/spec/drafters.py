@@ -1,0 +1,243 @@
+"""Drafters: who proposes d_1..d_k, and how each keeps the MTP slot (SPEC §4).
+
+The MTP head has its own KV cache and cursor (an independent slot). At every round start it
+must hold rows [0, p) written and its cursor at p; the engine's contiguity rule on mtp_step
+catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
+the prompt's hiddens, in one batched mtp_step, and re-establishes the invariant after each
+round in `sync`.
+
+  mtp-seed  the seed's pairing. Rows pair (t_i, h_i). Draft: mtp_step(q=p, x=t_p, h=h_p) -> d_1,
+            then chain x = d_j, h = the previous MTP output, q += 1: k MTP steps, rows p..p+k-1.
+            Sync: keep the draft rows and truncate to p' (those rows hold confirmed tokens,
+            with draft-time hiddens).
+  mtp       the pairing the MTP was trained for: (x = t_{i+1}, h = h_i) predicts t_{i+2}.
+            Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always accepted); then
+            mtp_step(q=p, x=d_1, h=h_p) -> d_2, chain: k-1 MTP steps, rows p..p+k-2.
+            Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1) and rewrite
+            rows up to p'-1 from the verified main hiddens in one batched mtp_step (k = 1 wrote
+            no row in the round, so the rewrite starts at p).
+  replay    an oracle forcing a given n_ok per round (Schedule): it copies the greedy reference
+            stream and corrupts draft n_ok+1, but still runs the real MTP steps of its pairing
+            ('seed' like mtp-seed, d_1 can miss; 'mtp' like mtp, d_1 free) so their cost is paid.
+
+Deliberately wrong inputs (the bit-exact proof's blind spot), MTPDrafter(feed=...):
+  'seed-pairing'  the first MTP step gets x = t_p instead of d_1 (the seed's pairing fed to a
+                  drafter that reads its output as d_2)
+  'stale-hidden'  the first MTP step gets h_{p-1} instead of h_p
+The stream stays bit-exact (the main model's argmax decides every token); acceptance drops.
+
+Trusting mode (`trusting=True`, only for the negative control of chapter 3): the driver took
+mark() before the draft and relies on rollback() to rewind the MTP cursor; after a rollback
+the drafter re-appends the round's confirmed rows at whatever the MTP cursor is.
+"""
+from __future__ import annotations
+
+from ..errors import KestrelError
+from .schedule import PAIRINGS, Schedule
+
+DRAFTERS = ("mtp-seed", "mtp", "replay")
+FEEDS = ("correct", "seed-pairing", "stale-hidden")
+
+
+class RoundCtx:
+    """What the driver knows at a round start (anchor p)."""
+    __slots__ = ("p", "t_p", "h_p", "h_prev", "a_p", "emitted", "P")
+
+    def __init__(self, p, t_p, h_p, h_prev, a_p, emitted, P):
+        self.p, self.t_p, self.h_p, self.h_prev, self.a_p, self.emitted, self.P = p, t_p, h_p, h_prev, a_p, emitted, P
+
+
+def _stack_rows(be, first, rows, n):
+    """[first] + rows[:n-1] as one [n, D] backend array (first: [D]; rows: [m, D])."""
+    xp = be.xp
+    if n == 1:
+        return first.reshape(1, -1)
+    return xp.concatenate([first.reshape(1, -1), rows[:n - 1]], axis=0)
+
+
+class Drafter:
+    name = "drafter"
+    pairing = "seed"
+
+    def __init__(self):
+        self.forced = None          # list of tokens replacing the MTP's argmax (replay oracle)
+        self.q0 = None
+        self.written = 0
+
+    # --- cost accounting ---------------------------------------------------------------
+    def mtp_steps(self, k: int) -> int:
+        """MTP steps one round's draft takes with k drafts."""
+        return k if self.pairing == "seed" else k - 1
+
+    def describe(self) -> str:
+        return self.name
+
+    # --- protocol -------------------------------------------------------------------------
+    def bind(self, model, reference):
+        self.model, self.be = model, model.be
+        self.reference = reference
+
+    def reset(self):
+        pass
+
+    def start(self, eng, tokens, hidden):
+        """After prefill of `tokens` (positions 0..P-1, hiddens [P, D]): fill rows 0..P-2."""
+        raise NotImplementedError
+
+    def draft(self, eng, ctx: RoundCtx, k: int, q0: int) -> list:
+        raise NotImplementedError
+
+    def sync(self, eng, ctx: RoundCtx, consumed: list, hid_rows, rolled_back: bool, trusting: bool):
+        """Re-establish the slot invariant: rows [0, p') written, cursor at p' (= p + len(consumed)).
+        hid_rows: [len(consumed), D] verified main hiddens of positions p+1..p'."""
+        raise NotImplementedError
+
+    def _tok(self, j, d):
+        return d if self.forced is None else self.forced[j]
+
+
+class MTPSeedDrafter(Drafter):
+    name, pairing = "mtp-seed", "seed"
+
+    def start(self, eng, tokens, hidden):
+        P = len(tokens)
+        if P >= 2:
+            eng.mtp_step(0, list(tokens[:P - 1]), hidden[:P - 1])
+
+    def draft(self, eng, ctx, k, q0):
+        be = self.be
+        x, h, q = ctx.t_p, ctx.h_p, q0
+        self._x, self._h, drafts = [], [], []
+        for j in range(k):
+            self._x.append(x)
+            self._h.append(h)
+            s = eng.mtp_step(q, x, h)
+            d = self._tok(j, int(be.argmax(s.logits)))
+            drafts.append(d)
+            x, h, q = d, s.hidden, q + 1
+        self.q0, self.written = q0, k
+        return drafts
+
+    def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
+        adv = len(consumed)
+        if trusting and rolled_back:
+            # trusts rollback() to have rewound the MTP cursor to the round's start: re-append
+            # the confirmed rows (same inputs as drafted) at the cursor, no truncate
+            xp = self.be.xp
+            eng.mtp_step(eng.mtp_cursor, self._x[:adv], xp.stack(self._h[:adv]))
+        else:
+            eng.mtp_truncate(self.q0 + adv)
+
+
+class MTPDrafter(Drafter):
+    name, pairing = "mtp", "mtp"
+
+    def __init__(self, feed: str = "correct"):
+        super().__init__()
+        if feed not in FEEDS:
+            raise KestrelError(f"feed must be one of {FEEDS}, got {feed!r}")
+        self.feed = feed
+
+    def describe(self):
+        return self.name if self.feed == "correct" else f"{self.name}[feed={self.feed}]"
+
+    def start(self, eng, tokens, hidden):
+        P = len(tokens)
+        if P >= 2:
+            eng.mtp_step(0, list(tokens[1:P]), hidden[:P - 1])
+
+    def draft(self, eng, ctx, k, q0):
+        be = self.be
+        d1 = self._tok(0, ctx.a_p)
+        drafts = [d1]
+        x = ctx.t_p if self.feed == "seed-pairing" else d1
+        h = ctx.h_prev if self.feed == "stale-hidden" else ctx.h_p
+        q = q0
+        for j in range(1, k):
+            s = eng.mtp_step(q, x, h)
+            d = self._tok(j, int(be.argmax(s.logits)))
+            drafts.append(d)
+            x, h, q = d, s.hidden, q + 1
+        self.q0, self.written = q0, k - 1
+        return drafts
+
+    def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
+        adv = len(consumed)
+        # rows p..p'-1 pair (t_{i+1}, h_i): tokens t_{p+1}..t_{p'}, hiddens h_p, h_{p+1}..h_{p'-1}
+        if trusting and rolled_back:
+            eng.mtp_step(eng.mtp_cursor, list(consumed), _stack_rows(self.be, ctx.h_p, hid_rows, adv))
+            return
+        base = self.q0
+        c = min(eng.mtp_cursor, base + 1)       # row p (the first draft step's) is exact: keep it
+        eng.mtp_truncate(c)
+        i = c - base
+        if i < adv:
+            rows = _stack_rows(self.be, ctx.h_p, hid_rows, adv)
+            eng.mtp_step(c, list(consumed[i:adv]), rows[i:adv])
+
+
+class ReplayDrafter(Drafter):
+    """Forces n_ok from a Schedule; runs the real MTP steps of its pairing."""
+    name = "replay"
+
+    def __init__(self, schedule: Schedule):
+        super().__init__()
+        self.schedule = schedule
+        self.pairing = schedule.pairing
+        self.base = MTPSeedDrafter() if self.pairing == "seed" else MTPDrafter()
+
+    def describe(self):
+        return f"replay[{self.schedule.describe()}]"
+
+    def bind(self, model, reference):
+        super().bind(model, reference)
+        if reference is None:
+            raise KestrelError("the replay drafter needs the greedy reference stream (run with greedy=True or reference=...)")
+        self.base.bind(model, reference)
+
+    def reset(self):
+        self.schedule.reset()
+
+    def start(self, eng, tokens, hidden):
+        self.base.start(eng, tokens, hidden)
+
+    def draft(self, eng, ctx, k, q0):
+        ref, e = self.reference, ctx.emitted
+        if e + k > len(ref):
+            raise KestrelError(f"replay drafter: reference has {len(ref)} tokens, round needs {e + k}")
+        n = self.schedule.next(k)
+        forced = [int(t) for t in ref[e:e + k]]
+        if n < k:
+            forced[n] = (forced[n] + 1) % self.model.cfg.vocab_size      # corrupt draft n+1
+        if self.pairing == "mtp" and forced[0] != ctx.a_p:
+            raise KestrelError(f"replay drafter (pairing mtp): reference token {forced[0]} != argmax(logits_p) "
+                               f"{ctx.a_p} (n_ok={n} forced; d_1 is free and cannot miss)")
+        self.base.forced = forced
+        drafts = self.base.draft(eng, ctx, k, q0)
+        self.q0, self.written = self.base.q0, self.base.written
+        return drafts
+
+    def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
+        self.base.sync(eng, ctx, consumed, hid_rows, rolled_back, trusting)
+
+
+def make_drafter(name, *, hist=None, profile=None, seq=None, pairing: str | None = None, seed: int = 0,
+                 feed: str = "correct", order: str = "shuffle", fit_k: int | None = None) -> Drafter:
+    """'mtp-seed' | 'mtp' | 'replay' (+ one of hist=/profile=/seq=, pairing 'seed'|'mtp')."""
+    if isinstance(name, Drafter):
+        return name
+    if name == "mtp-seed":
+        if feed != "correct":
+            raise KestrelError("feed= variants belong to the 'mtp' drafter")
+        return MTPSeedDrafter()
+    if name == "mtp":
+        return MTPDrafter(feed=feed)
+    if name == "replay":
+        pairing = pairing or "seed"
+        if pairing not in PAIRINGS:
+            raise KestrelError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+        if hist is None and profile is None and seq is None:
+            raise KestrelError("the replay drafter needs hist=, profile= or seq=")
+        return ReplayDrafter(Schedule(seq=seq, hist=hist, profile=profile, pairing=pairing, seed=seed,
+                                      order=order, fit_k=fit_k))
+    raise KestrelError(f"unknown drafter {name!r}; known: {DRAFTERS}")

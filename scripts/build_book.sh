@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Build the Kestrel book (static HTML, works offline) into _build/html/.
+#
+#   scripts/build_book.sh              build from the outputs committed in book/*.ipynb
+#   scripts/build_book.sh --execute    first re-execute every notebook in book/ in place on
+#                                      this machine (GPU if present, else CPU), stamping each
+#                                      (scripts/execute_notebooks.py), then build
+#   scripts/build_book.sh --all ...    other arguments go to `jupyter-book build`
+#                                      (--all: rebuild every page, not just changed ones)
+#
+# Warnings are errors (-W). plotly.min.js and MathJax come from local copies
+# (book/_ext/kestrel_book.py); MathJax needs `apt-get install -y libjs-mathjax` on pages with math.
+# Open _build/html/index.html.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${PYTHON:-python3}"
+
+execute=0
+args=()
+for a in "$@"; do
+  case "$a" in
+    --execute) execute=1 ;;
+    *) args+=("$a") ;;
+  esac
+done
+
+if [[ $execute == 1 ]]; then
+  "$PY" scripts/execute_notebooks.py
+fi
+
+if command -v jupyter-book >/dev/null 2>&1; then
+  jb=(jupyter-book)
+else
+  jb=("$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; main()')
+fi
+"${jb[@]}" build . -W --keep-going "${args[@]+"${args[@]}"}"
+echo "book: $(pwd)/_build/html/index.html"

@@ -1,0 +1,44 @@
+"""Shared fixtures. Every check draws fresh random inputs (seeded per test for replay)."""
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+import kestrel
+
+
+def pytest_report_header(config):
+    from kestrel.backend import cuda_available
+    return f"kestrel: CUDA {'available' if cuda_available() else 'not available (GPU tests skip)'}"
+
+
+@pytest.fixture
+def rng(request):
+    # A fresh seed per test (derived from its name and a run salt): new inputs, replayable.
+    salt = int(os.environ.get("KESTREL_TEST_SALT", np.random.SeedSequence().entropy % 10**6))
+    seed = zlib.crc32(request.node.nodeid.encode()) * 1_000_003 + salt
+    print(f"rng seed: KESTREL_TEST_SALT={salt} -> {seed}")
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def model_a():
+    return kestrel.load("test-a", device="cpu", seed=11)
+
+
+@pytest.fixture(scope="session")
+def model_b():
+    return kestrel.load("test-b", device="cpu", seed=12)
+
+
+@pytest.fixture(params=["test-a", "test-b"])
+def model(request, model_a, model_b):
+    return {"test-a": model_a, "test-b": model_b}[request.param]
+
+
+def fresh_engine(model, prompt, **kw):
+    kw.setdefault("max_seq", 64)
+    eng = kestrel.Engine(model, **kw)
+    s = eng.prefill(prompt)
+    return eng, s

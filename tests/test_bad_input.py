@@ -1,0 +1,257 @@
+"""Bad input (SPEC §9): a clear exception naming the problem, and the engine bit-identical after."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import kestrel
+from kestrel.config import ConfigError
+from kestrel.weights import CheckpointError, random_weights, read_safetensors, save_dir, write_safetensors
+
+
+def same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], np.ndarray):
+            assert np.array_equal(a[k], b[k], equal_nan=True), k
+        else:
+            assert a[k] == b[k], k
+
+
+def busy_engine(model, rng, batch="flex"):
+    """An engine mid-sequence with a live snapshot and MTP rows, so 'unchanged' means something."""
+    V = model.cfg.vocab_size
+    e = kestrel.Engine(model, max_seq=24, mmax=3, batch=batch)
+    s = e.prefill(rng.integers(0, V, 6).tolist())
+    e.mtp_step(0, rng.integers(0, V, 6), s.hidden)
+    e.mark()
+    e.step_m(6, rng.integers(0, V, 3).tolist())
+    return e
+
+
+CASES = [
+    ("token out of range", lambda e, V: e.step(9, V), kestrel.TokenError, "out of range"),
+    ("negative token", lambda e, V: e.step_m(9, [1, -1, 2]), kestrel.TokenError, "out of range"),
+    ("float token", lambda e, V: e.step(9, 1.5), kestrel.TokenError, "int"),
+    ("two tokens to step", lambda e, V: e.step(9, [1, 2]), kestrel.TokenError, "exactly one"),
+    ("empty batch", lambda e, V: e.step_m(9, []), kestrel.TokenError, "non-empty"),
+    ("double consumption", lambda e, V: e.step(8, 1), kestrel.CursorError, "double consumption"),
+    ("skipped position", lambda e, V: e.step(11, 1), kestrel.CursorError, "never consumed"),
+    ("past max_seq", lambda e, V: [e.step_m(p, [1, 1, 1]) for p in (9, 12, 15, 18)] and e.step_m(21, [1, 1, 1, 1][:3]) and e.step(24, 1),
+     kestrel.CursorError, "max_seq"),
+    ("position not an int", lambda e, V: e.step(9.0, 1), kestrel.CursorError, "int"),
+    ("batch too wide", lambda e, V: e.step_m(9, [1, 2, 3, 4]), kestrel.BatchWidthError, "mmax"),
+    ("prefill twice", lambda e, V: e.prefill([1, 2]), kestrel.CursorError, "reset"),
+    ("mtp position not at its cursor", lambda e, V: e.mtp_step(5, 1, np.zeros(e.cfg.hidden_size, np.float32)),
+     kestrel.CursorError, "MTP cursor"),
+    ("mtp hidden misshapen", lambda e, V: e.mtp_step(6, [1, 2], np.zeros(e.cfg.hidden_size, np.float32)),
+     kestrel.TokenError, "hidden has shape"),
+    ("truncate past the rows written", lambda e, V: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
+    ("truncate negative", lambda e, V: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
+    ("select without verify", lambda e, V: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,match", CASES, ids=[c[0] for c in CASES])
+def test_bad_call_raises_and_leaves_state(model_a, rng, name, call, exc, match):
+    e = busy_engine(model_a, rng)
+    if name == "past max_seq":  # fill up to the end first (valid calls), then one step too far
+        for p in (9, 12, 15, 18, 21):
+            e.step_m(p, [1, 1, 1])
+        before = e.snapshot_state()
+        with pytest.raises(exc, match=match):
+            e.step(24, 1)
+    else:
+        before = e.snapshot_state()
+        with pytest.raises(exc, match=match):
+            call(e, model_a.cfg.vocab_size)
+    same_state(before, e.snapshot_state())
+
+
+def test_rollback_without_mark(model_a, rng):
+    e = busy_engine(model_a, rng)
+    e.rollback()
+    before = e.snapshot_state()
+    with pytest.raises(kestrel.SnapshotError, match="without a valid mark"):
+        e.rollback()
+    same_state(before, e.snapshot_state())
+
+
+def test_strict_width_and_pending_checkpoint(model_a, rng):
+    e = busy_engine(model_a, rng, batch="strict")
+    before = e.snapshot_state()
+    for m in (1, 2):
+        with pytest.raises(kestrel.BatchWidthError, match="strict batch requires M == mmax == 3"):
+            e.step_m(9, [1] * m)
+    same_state(before, e.snapshot_state())
+    e.verify_checkpointed(9, [1, 2, 3])
+    before = e.snapshot_state()
+    for call in (lambda: e.step(12, 1), lambda: e.mark(), lambda: e.rollback(), lambda: e.select_checkpoint(4)):
+        with pytest.raises((kestrel.SnapshotError, kestrel.BatchWidthError)):
+            call()
+    same_state(before, e.snapshot_state())
+
+
+def test_engine_arguments():
+    m = kestrel.load("test-a", device="cpu")
+    for kw, match in [({"max_seq": 0}, "max_seq"), ({"mmax": 9}, "mmax"), ({"batch": "loose"}, "batch")]:
+        with pytest.raises(kestrel.KestrelError, match=match):
+            kestrel.Engine(m, **kw)
+    with pytest.raises(kestrel.KestrelError, match="dtype"):
+        kestrel.load("test-a", device="cpu", dtype="fp8")
+
+
+# ---- checkpoints --------------------------------------------------------------------------
+@pytest.fixture
+def ckpt(tmp_path):
+    cfg = kestrel.preset("test-b")
+    save_dir(tmp_path, cfg, random_weights(cfg, seed=1))
+    return tmp_path
+
+
+def _rewrite(ckpt, fn):
+    t = read_safetensors(ckpt / "model.safetensors")
+    fn(t)
+    write_safetensors(ckpt / "model.safetensors", t)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda t: t.pop("model.layers.2.linear_attn.A_log"), "missing tensor 'model.layers.2.linear_attn.A_log'"),
+    (lambda t: t.update({"model.layers.1.self_attn.k_proj.weight": np.ones((3, 3), np.float32)}),
+     r"'model.layers.1.self_attn.k_proj.weight' has shape \[3, 3\]"),
+    (lambda t: t.update({"model.layers.9.mlp.up_proj.weight": np.ones((3, 3), np.float32)}), "does not describe"),
+    (lambda t: t["mtp.fc.weight"].__setitem__((0, 0), np.nan), "'mtp.fc.weight' contains NaN"),
+    (lambda t: t.pop("lm_head.weight"), "missing tensor 'lm_head.weight'"),
+])
+def test_bad_checkpoint_tensor_is_named(ckpt, edit, match):
+    _rewrite(ckpt, edit)
+    with pytest.raises(CheckpointError, match=match):
+        kestrel.load(ckpt, device="cpu")
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(kestrel.preset("test-a").to_hf()))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not loaded")
+    with pytest.raises(CheckpointError, match="safetensors only"):
+        kestrel.load(tmp_path, device="cpu")
+
+
+def test_corrupt_header_and_missing_shard(ckpt):
+    (ckpt / "model.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(CheckpointError, match="header"):
+        kestrel.load(ckpt, device="cpu")
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="do not exist"):
+        kestrel.load(ckpt, device="cpu")
+
+
+def test_unknown_config_key_of_consequence(ckpt):
+    d = json.loads((ckpt / "config.json").read_text())
+    d["attention_bias"] = True
+    (ckpt / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match="attention_bias"):
+        kestrel.load(ckpt, device="cpu")
+
+
+# ---- property-based: random call sequences against a model of the rules --------------------
+MODEL = None
+
+
+def _model():
+    global MODEL
+    if MODEL is None:
+        MODEL = kestrel.load("test-a", device="cpu", seed=5)
+    return MODEL
+
+
+class EngineRules(RuleBasedStateMachine):
+    """The rules: cursor contiguity, width per batch mode, max_seq, one-shot snapshots that
+    truncate invalidates, MTP cursor <= rows written, checkpoint selection pending."""
+
+    def __init__(self):
+        super().__init__()
+        self.m = _model()
+        self.V, self.D = self.m.cfg.vocab_size, self.m.cfg.hidden_size
+        self.batch = "strict" if np.random.default_rng().random() < 0.5 else "flex"
+        self.e = kestrel.Engine(self.m, max_seq=20, mmax=3, batch=self.batch)
+        self.pos = self.mtp = 0
+        self.snap = None      # (pos, mtp) of the live mark
+        self.pending = None   # (pos, M)
+
+    def attempt(self, valid, call):
+        before = self.e.snapshot_state()
+        if valid:
+            call()
+        else:
+            with pytest.raises(kestrel.KestrelError):
+                call()
+            same_state(before, self.e.snapshot_state())
+        return valid
+
+    @rule(n=st.integers(0, 6))
+    def prefill(self, n):
+        toks = list(range(1, n + 1))
+        ok = n >= 1 and self.pos == 0 and self.pending is None  # prefill starts a sequence at 0
+        if self.attempt(ok, lambda: self.e.prefill(toks)):
+            self.pos = n
+
+    @rule(dp=st.integers(-2, 2), tok=st.integers(-1, 100))
+    def step(self, dp, tok):
+        p = self.pos + dp
+        ok = dp == 0 and 0 <= tok < self.V and p + 1 <= 20 and self.pending is None
+        if self.attempt(ok, lambda: self.e.step(p, tok)):
+            self.pos += 1
+
+    @rule(dp=st.integers(-1, 1), m=st.integers(0, 4), checkpointed=st.booleans())
+    def step_m(self, dp, m, checkpointed):
+        p = self.pos + dp
+        width_ok = m == 3 if self.batch == "strict" else 1 <= m <= 3
+        ok = dp == 0 and width_ok and p + m <= 20 and self.pending is None
+        call = (lambda: self.e.verify_checkpointed(p, [2] * m)) if checkpointed else (lambda: self.e.step_m(p, [2] * m))
+        if self.attempt(ok, call):
+            if checkpointed:
+                self.pending = (self.pos, m)
+            self.pos += m
+
+    @rule(n=st.integers(-1, 4))
+    def select(self, n):
+        ok = self.pending is not None and 0 <= n <= self.pending[1]
+        if self.attempt(ok, lambda: self.e.select_checkpoint(n)):
+            self.pos = self.pending[0] + n
+            self.pending = None
+
+    @rule(dq=st.integers(-1, 1), m=st.integers(1, 3), bad_hidden=st.booleans())
+    def mtp_step(self, dq, m, bad_hidden):
+        q = self.mtp + dq
+        hid = np.ones((m, self.D + (1 if bad_hidden else 0)), np.float32)
+        ok = dq == 0 and q + m <= 20 and not bad_hidden
+        if self.attempt(ok, lambda: self.e.mtp_step(q, [3] * m, hid)):
+            self.mtp += m
+
+    @rule()
+    def mark(self):
+        if self.attempt(self.pending is None, self.e.mark):
+            self.snap = (self.pos, self.mtp)
+
+    @rule()
+    def rollback(self):
+        if self.attempt(self.snap is not None and self.pending is None, self.e.rollback):
+            self.pos, self.mtp = self.snap
+            self.snap = None
+
+    @rule(n=st.integers(-1, 8))
+    def truncate(self, n):
+        if self.attempt(0 <= n <= self.mtp, lambda: self.e.mtp_truncate(n)):
+            self.mtp, self.snap = n, None
+
+    @invariant()
+    def cursors_agree(self):
+        assert (self.e.cursor, self.e.mtp_cursor, self.e.has_snapshot) == (self.pos, self.mtp, self.snap is not None)
+
+
+EngineRules.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None,
+                                         suppress_health_check=[HealthCheck.too_slow])
+test_engine_rules = EngineRules.TestCase

@@ -1,0 +1,110 @@
+"""kestrel (CPU, float32) against transformers' Qwen3.5 on random tiny checkpoints."""
+import numpy as np
+import pytest
+
+import kestrel
+from kestrel.weights import read_safetensors, write_safetensors
+from reference64 import Reference
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig  # noqa: E402
+
+SHAPES = {
+    # nk < nv, tied, the interval rule (4)
+    "nk<nv-tied-interval4": dict(vocab_size=101, hidden_size=64, num_hidden_layers=8, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=32, intermediate_size=96, linear_num_key_heads=2,
+                                 linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                 tie_word_embeddings=True),
+    # nk == nv, untied, explicit layer_types, dk != dv, other RoPE fraction/theta
+    "nk=nv-untied-layer_types": dict(vocab_size=89, hidden_size=48, num_hidden_layers=5, num_attention_heads=2,
+                                     num_key_value_heads=1, head_dim=24, intermediate_size=72, linear_num_key_heads=3,
+                                     linear_num_value_heads=3, linear_key_head_dim=8, linear_value_head_dim=12,
+                                     tie_word_embeddings=False,
+                                     layer_types=["full_attention", "linear_attention", "linear_attention",
+                                                  "full_attention", "linear_attention"],
+                                     rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
+    # nk < nv (r = 3), untied, interval 2, conv kernel 3
+    "nk<nv-r3-interval2": dict(vocab_size=120, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                               num_key_value_heads=4, head_dim=16, intermediate_size=64, linear_num_key_heads=1,
+                               linear_num_value_heads=3, linear_key_head_dim=16, linear_value_head_dim=8,
+                               linear_conv_kernel_dim=3, tie_word_embeddings=False, full_attention_interval=2),
+}
+
+
+def _hf_model(kw, seed):
+    torch.manual_seed(seed)
+    kw = dict(kw)
+    kw.setdefault("initializer_range", 0.2)  # larger than HF's 0.02 so greedy streams are not degenerate
+    kw.setdefault("rope_parameters", {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    m = Qwen3_5ForCausalLM(Qwen3_5TextConfig(**kw)).eval()
+    with torch.no_grad():  # move the norms and gates off their init values so every term is exercised
+        for n, p in m.named_parameters():
+            if "norm" in n or "dt_bias" in n:
+                p.add_(0.2 * torch.randn_like(p))
+    return m
+
+
+@pytest.fixture(scope="module", params=sorted(SHAPES))
+def hf_pair(request, tmp_path_factory):
+    seed = int(np.random.SeedSequence().entropy % 10**6)
+    m = _hf_model(SHAPES[request.param], seed)
+    d = tmp_path_factory.mktemp(request.param)
+    m.save_pretrained(d)
+    return request.param, seed, m, d
+
+
+def test_teacher_forced_logits(hf_pair, rng):
+    name, seed, m, d = hf_pair
+    km = kestrel.load(d, device="cpu")
+    toks = rng.integers(0, km.cfg.vocab_size, 48)
+    with torch.no_grad():
+        ref = m(torch.tensor(toks)[None]).logits[0].double().numpy()
+    eng = kestrel.Engine(km, max_seq=64, mmax=4)
+    got = np.concatenate([eng.prefill(toks[:20]).logits] +
+                         [eng.step_m(20 + 4 * i, toks[20 + 4 * i:24 + 4 * i]).logits for i in range(7)])
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-4, (name, seed)
+
+
+def test_greedy_stream_identical(hf_pair, rng):
+    name, seed, m, d = hf_pair
+    km = kestrel.load(d, device="cpu")
+    prompt = rng.integers(0, km.cfg.vocab_size, 6)
+    with torch.no_grad():
+        # an explicit all-ones mask: otherwise generate() treats prompt tokens equal to pad_token_id as padding
+        out = m.generate(torch.tensor(prompt)[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=32, do_sample=False, min_new_tokens=32,
+                         eos_token_id=None, pad_token_id=0)
+    hf_stream = out[0, len(prompt):].tolist()
+    assert kestrel.generate(km, prompt.tolist(), 32) == hf_stream, (name, seed)
+    assert len(set(hf_stream)) > 3, "degenerate stream: the comparison would prove little"
+
+
+def test_mtp_head_vs_float64(hf_pair, rng, tmp_path):
+    """Add random mtp.* tensors to the transformers checkpoint; transformers still loads it,
+    and kestrel's mtp_step matches the float64 reference of SPEC §2's MTP math."""
+    name, seed, m, d = hf_pair
+    t = read_safetensors(d / "model.safetensors")
+    cfg0 = kestrel.load(d, device="cpu").cfg
+    cfg = cfg0.replace(mtp_layers=1)
+    from kestrel.config import expected_shapes
+    from kestrel.weights import random_weights
+    mtp = {n: a for n, a in random_weights(cfg, seed=int(rng.integers(1 << 30))).items() if n.startswith("mtp.")}
+    t.update(mtp)
+    write_safetensors(tmp_path / "model.safetensors", t)
+    import json
+    hfcfg = json.loads((d / "config.json").read_text())
+    hfcfg["mtp_num_hidden_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(hfcfg))
+    Qwen3_5ForCausalLM.from_pretrained(tmp_path)  # transformers ignores mtp.* and loads the rest
+    km = kestrel.load(tmp_path, device="cpu")
+    assert set(km.w) == set(expected_shapes(cfg))
+    eng = kestrel.Engine(km, max_seq=32)
+    toks = rng.integers(0, cfg.vocab_size, 10)
+    hs = eng.prefill(toks).hidden
+    ref = Reference(cfg, km.w)
+    got = [eng.mtp_step(0, toks[1:6], hs[:5]).logits]
+    for j in range(5, 9):
+        got.append(eng.mtp_step(j, int(toks[j + 1]), hs[j]).logits[None])
+    got = np.concatenate(got)
+    want = np.stack([ref.mtp_step(int(toks[j + 1]), hs[j].astype(np.float64), j)[1] for j in range(9)])
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) <= 1e-4
