@@ -22,7 +22,7 @@ WEIGHT_DTYPES = ("fp32", "bf16")
 
 __all__ = ["load", "Engine", "Step", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
            "KestrelError", "CursorError", "BatchWidthError", "SnapshotError", "TokenError", "DeviceError",
-           "CheckpointError", "ByteTokenizer", "from_hf"]
+           "CheckpointError", "ByteTokenizer", "from_hf", "starts"]
 
 
 def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: int = 0) -> Model:
@@ -40,7 +40,7 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
     tok = None
     if isinstance(name_or_path, Config) or (isinstance(name_or_path, str) and name_or_path in PRESETS):
         cfg = name_or_path if isinstance(name_or_path, Config) else PRESETS[name_or_path]
-        if hasattr(be, "random_weights"):          # large shapes: drawn on the GPU
+        if hasattr(be, "random_model"):            # CUDA: large shapes drawn on the GPU
             return be.random_model(cfg, seed=seed, dtype=dtype)
         model = Model(cfg, random_weights(cfg, seed), be, source=f"random(seed={seed})", weight_dtype=dtype)
     else:
@@ -53,6 +53,12 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
             tok = ByteTokenizer()
     model.tokenizer = tok
     return model
+
+
+def starts() -> list:
+    """The six fixed start prompts (short Python snippets): the seed's "six starts"."""
+    import json
+    return json.loads((ASSETS / "tiny" / "starts.json").read_text())
 
 
 def to_numpy(x):

@@ -1,0 +1,39 @@
+"""State and weight sizes of a config, derived from its shapes (chapter 1's tables).
+
+The point they make: a GDN layer's state is a fixed [nv, dk, dv] matrix per layer, whatever
+the sequence length, updated in place; attention's KV cache grows by a row per token and is
+"rolled back" by moving a cursor. What mark/rollback must copy is the former.
+"""
+from __future__ import annotations
+
+from .config import PRESETS, Config
+
+MiB = 2 ** 20
+
+
+def state_sizes(cfg: Config, seq_len: int = 4096) -> dict:
+    """Bytes of every piece of per-sequence state, fp32 state, bf16 projection weights."""
+    c = cfg
+    n_gdn, n_attn = len(c.gdn_layers), len(c.attn_layers)
+    return {
+        "model": c.name,
+        "layers": c.num_layers,
+        "gdn_layers": n_gdn,
+        "attn_layers": n_attn,
+        "gdn_S_bytes": c.gdn_state_bytes,                          # copied by mark and by rollback
+        "gdn_hist_bytes": c.conv_state_bytes,                      # the conv window, copied too
+        "snapshot_bytes": c.gdn_state_bytes + c.conv_state_bytes,  # one mark (or one rollback)
+        "kv_bytes_per_token": c.kv_bytes_per_token(4),
+        "kv_bytes_at_seq": c.kv_bytes_per_token(4) * seq_len,
+        "mtp_kv_bytes_per_token": c.kv_bytes_per_token(4, mtp=True) - c.kv_bytes_per_token(4),
+        "seq_len": seq_len,
+        "params": c.param_count(mtp=False),
+        "weight_bytes_bf16": 2 * c.param_count(mtp=False),
+    }
+
+
+def sizes_table(configs=None, seq_len: int = 4096) -> list:
+    """state_sizes for each config (default: the tiny model if given plus the reference presets)."""
+    if configs is None:
+        configs = [PRESETS[n] for n in ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")]
+    return [state_sizes(c, seq_len) for c in configs]
