@@ -21,12 +21,26 @@ from .ops import norm as _norm
 from .ops import rope as _rope
 
 
+def _single_threaded_blas():
+    """Run BLAS on one thread (process-wide). kestrel's projections are small GEMMs (8 rows),
+    where handing work to a second thread costs more than it saves, and OpenBLAS threads that
+    spin-wait on a busy 2-core machine made a tiny-model token take 645 ms instead of 10 ms
+    (measured 2026-11-30). Results do not depend on it: each output element's reduction order
+    is the same on one thread or several."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(limits=1, user_api="blas")
+
+
 class CPUBackend:
     name = "cpu"
     xp = np
 
     def __init__(self):
         self.device_name = f"CPU ({platform.machine()}, NumPy {np.__version__})"
+        _single_threaded_blas()
 
     # ---- memory ---------------------------------------------------------------------
     def put_weight(self, name: str, a: np.ndarray, dtype: str = "fp32"):

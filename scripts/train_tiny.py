@@ -18,7 +18,7 @@ teacher-forced acceptance on greedy streams, "E16"), and writes greedy completio
 six starts (kestrel/assets/tiny/starts.json).
 
     # on the GPU machine (what produced kestrel/assets/tiny):
-    python3 scripts/train_tiny.py --out $OUT --minutes 7.4
+    python3 scripts/train_tiny.py --out $OUT --minutes 7.5
     # resume from a checkpoint folder (the files an earlier run wrote):
     python3 scripts/train_tiny.py --out $OUT --resume path/to/previous/out --minutes 5
     # CPU smoke test:
@@ -455,13 +455,25 @@ def render(asset_dir):
         w("Expected accepted drafts per round, `mtp` drafter: " +
           ", ".join(f"{k}: {v:.2f}" for k, v in acc["expected_n_ok_mtp_drafter"].items()) + "\n")
     if R.get("completions"):
-        w("## Greedy completions of the six starts (64 bytes, transformers `generate`, on the GPU)\n")
+        nb = len(R["completions"][0]["completion_bytes"])
+        w(f"## Greedy completions of the six starts ({nb} bytes, transformers `generate`, fp32, "
+          f"on {R['training']['device_name']})\n")
         for c in R["completions"]:
             w("```python")
             w(c["start"] + c["completion"])
             w("```")
             w(f"(start: `{json.dumps(c['start'])}`; generate == no-cache argmax loop: "
               f"{c['hf_generate_equals_nocache_argmax']})\n")
+    if R.get("notes"):
+        w("## Notes\n")
+        for n in R["notes"]:
+            w(f"- {n}")
+        w("")
+    if R.get("local_checks"):
+        w("## Checks run on the CPU after the run\n")
+        for n in R["local_checks"]:
+            w(f"- {n}")
+        w("")
     with open(os.path.join(asset_dir, "TRAINING.md"), "w") as f:
         f.write("\n".join(L))
     if R.get("completions"):
@@ -476,13 +488,13 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/kestrel_tiny_out"))
     ap.add_argument("--resume", default=None, help="folder with model.safetensors + ckpt_* of an earlier run")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--minutes", type=float, default=7.4, help="training wall-clock budget (this run)")
+    ap.add_argument("--minutes", type=float, default=7.5, help="training wall-clock budget (this run)")
     ap.add_argument("--max-steps", type=int, default=10 ** 9)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=2.5e-3)
     ap.add_argument("--lr-min-frac", type=float, default=0.1)
-    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--lam", type=float, default=0.5, help="MTP loss weight")
     ap.add_argument("--log-every", type=int, default=50)
@@ -621,13 +633,15 @@ def main():
             device_name=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
             date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-            command="python3 " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+            command="python3 " + " ".join([os.path.relpath(sys.argv[0])] + [
+                "$OUT" if os.environ.get("OUT") and a == os.environ["OUT"] else a for a in sys.argv[1:]]),
             steps=state["step"], batch=B, seq=T, tokens_seen=state["tokens"], lambda_mtp=args.lam,
             betas=list(betas), weight_decay=args.wd, grad_clip=1.0,
             lr_schedule=f"peak {args.lr:g}, linear warmup {args.warmup} steps, cosine over the wall-clock budget "
                         f"({budget_total:.0f} s) down to {args.lr_min_frac:g} x peak",
-            precision="bf16 autocast on CUDA (fp32 master weights, fp32 GDN recurrence in transformers' torch "
-                      "chunked fallback), attention via SDPA" if dev == "cuda" else "fp32 (CPU)",
+            precision="bf16 autocast on CUDA, fp32 master weights and Adam state; the GDN torch chunked "
+                      "fallback keeps its state and decays in fp32 while autocast runs its matmuls in bf16; "
+                      "attention via SDPA" if dev == "cuda" else "fp32 (CPU)",
             gdn_kernel="transformers torch_chunk_gated_delta_rule fallback (flash-linear-attention not installed)",
             train_seconds=state["train_seconds"], ms_per_step=1000 * state["train_seconds"] / max(state["step"], 1),
             runs=state["runs"], loss_curve=state["loss_curve"]),
