@@ -37,6 +37,23 @@ class Step:
     logits: object   # [V] or [M, V]
 
 
+class _Views:
+    """Per-layer views made on access (views[g] == fn(g)). The generic forward indexes them;
+    a backend that runs the whole pass on the device never builds them (CuPy views cost
+    microseconds each, hundreds per step at 27B)."""
+
+    def __init__(self, fn, n: int):
+        self.fn, self.n = fn, n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.fn(i)
+
+    def __len__(self):
+        return self.n
+
+
 def _is_int(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -163,9 +180,10 @@ class Engine:
                                 f"call select_checkpoint(n) first")
 
     def _live(self) -> LayerState:
-        return LayerState(S=[self.S[self.slot, g] for g in range(self.n_gdn)],
-                          hist=[self.hist[self.slot, g] for g in range(self.n_gdn)],
-                          kc=[self.kc[a] for a in range(self.n_attn)], vc=[self.vc[a] for a in range(self.n_attn)])
+        s = self.slot
+        return LayerState(S=_Views(lambda g: self.S[s, g], self.n_gdn), hist=_Views(lambda g: self.hist[s, g], self.n_gdn),
+                          kc=_Views(lambda a: self.kc[a], self.n_attn), vc=_Views(lambda a: self.vc[a], self.n_attn),
+                          engine=self)
 
     def _advance(self, m: int):
         self.pos += m
@@ -215,8 +233,8 @@ class Engine:
         self._check_pos(pos, m, self.pos, "verify_checkpointed")
         st = self._live()
         rows = [(self.slot + 1 + j) % self.nslots for j in range(m)]
-        st.S_slots = [[self.S[r, g] for r in rows] for g in range(self.n_gdn)]
-        st.hist_slots = [[self.hist[r, g] for r in rows] for g in range(self.n_gdn)]
+        st.S_slots = _Views(lambda g: [self.S[r, g] for r in rows], self.n_gdn)
+        st.hist_slots = _Views(lambda g: [self.hist[r, g] for r in rows], self.n_gdn)
         h, lg = self.model.forward(toks, pos, st)
         self.pending = (pos, m)
         self._advance(m)

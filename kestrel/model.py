@@ -30,6 +30,8 @@ class LayerState:
     vc: list
     S_slots: list | None = None     # per GDN layer: M slot views (per-row checkpoints) or None
     hist_slots: list | None = None
+    engine: object = None           # the Engine owning these buffers: a device backend may address its
+                                    # whole state (ring of slots, caches) instead of the views above
 
 
 class Model:
@@ -92,6 +94,11 @@ class Model:
     # ---- whole passes --------------------------------------------------------------------
     def forward(self, tokens, pos: int, st: LayerState):
         """Main model over M rows at positions pos..pos+M-1. Returns (hidden [M,D], logits [M,V])."""
+        run = getattr(self.be, "run_forward", None)     # a backend may run the whole pass (CUDA graphs)
+        if run is not None:
+            out = run(self, tokens, pos, st)
+            if out is not None:
+                return out
         be, cfg = self.be, self.cfg
         x = be.embed(self.w["embed_tokens.weight"], tokens)
         gi = ai = 0
@@ -108,6 +115,11 @@ class Model:
 
     def mtp_forward(self, tokens, hidden, pos: int, kc, vc):
         """MTP head over M rows at positions pos..: (h' [M,D], logits [M,V])."""
+        run = getattr(self.be, "run_mtp_forward", None)
+        if run is not None:
+            out = run(self, tokens, hidden, pos, kc, vc)
+            if out is not None:
+                return out
         be, w, eps = self.be, self.w, self.cfg.rms_norm_eps
         e = be.rmsnorm(be.embed(w["embed_tokens.weight"], tokens), w["mtp.pre_fc_norm_embedding.weight"], eps)
         h = be.rmsnorm(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps)

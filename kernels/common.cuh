@@ -1,0 +1,96 @@
+// kernels/common.cuh: device helpers shared by every kestrel kernel (included by the .cu files;
+// kestrel/cuda.py pastes it in front of each source before NVRTC compiles it).
+//
+// Conventions
+//   * Activations, norms, gates and all state are fp32, row-major. bf16 weights are raw uint16
+//     bits (value = bits << 16 read as fp32), rounded to nearest-even on the host.
+//   * Every reduction has one fixed order: per-thread partial sums over a strided index set,
+//     then a warp xor-butterfly, then the warps' partials added in warp order. A result never
+//     depends on how many rows a launch carries (SPEC §3, batch invariance).
+//   * kestrel/cuda.py compiles with --fmad=false, so a*b+c is a multiply then an add, exactly
+//     as NumPy computes it; where a fused multiply-add is wanted, the code says fmaf.
+//   * ctrl: an int32 block in device memory that the host writes before each launch or CUDA
+//     graph replay, so one captured graph serves every position:
+//       ctrl[0] = position of row 0, ctrl[1] = live GDN state slot, ctrl[4 + j] = token of row j.
+#pragma once
+
+#define KS_CTRL_POS 0
+#define KS_CTRL_SLOT 1
+#define KS_CTRL_TOK 4
+
+typedef unsigned short bf16_t;
+typedef long long i64;
+
+__device__ __forceinline__ float bf16_lo(unsigned int u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ float neg_inf_f() { return __int_as_float(0xff800000); }
+
+// NumPy twins: kestrel/ops/norm.py (silu, sigmoid), kestrel/ops/gdn.py (softplus).
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(fminf(x, 20.0f))); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32), same value in every thread, fixed order.
+// red: >= 32 floats of shared memory; safe to call back to back.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = red[0];
+    for (int i = 1; i < nw; ++i) t += red[i];
+    return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = red[0];
+    for (int i = 1; i < nw; ++i) t = fmaxf(t, red[i]);
+    return t;
+}
+
+// Programmatic dependent launch (sm_90). Inside a captured decode graph, kestrel launches each
+// kernel with the programmatic-stream-serialization attribute, so it may start while its
+// predecessor is still running: griddep_launch() lets the successor start; griddep_wait()
+// blocks until the predecessor grid has completed and its writes are visible (it completed
+// only after its own wait, so every earlier kernel has too). Every kernel calls griddep_wait()
+// before it reads or writes any activation or state; only weights (never written) are read
+// before it. Launched without the attribute (eager calls), both are no-ops.
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// 16-byte streaming load of read-only data that is used once (weights): no L1 allocation, so
+// the activations that every block re-reads stay in L1.
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
