@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark (SPEC §8): writes results/bench_spec.json + results/bench_spec.md.
+
+  (a) tiny model, end to end: every policy x drafter (mtp-seed, mtp, replay driven by the E16
+      profile) x k = 1..4 over the six starts; greedy timed in the same run (each run_spec call
+      times greedy decoding of the same start right before it); teacher-forced acceptance (E16)
+      of the tiny MTP, both pairings.
+  (b) Qwen3.5-27B shape with random bf16 weights on the GPU: the replay drafter driven by the
+      seed's histogram (0:24 1:6 2:11 3:4, pairing seed, k=3) and by the E16 profile (pairings
+      seed and mtp, k=3), under replay, flex-replay and checkpoint, with each phase's cost.
+  (c) the cost model: unit costs measured on each model; the prediction for each run's own
+      rounds beside its measurement, and the pure prediction from the histogram/profile.
+
+On the H200:   python scripts/bench_spec.py
+On CPU, fast:  python scripts/bench_spec.py --quick      (CPU stand-ins, T=16; tested in CI)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import kestrel  # noqa: E402
+from kestrel import spec  # noqa: E402
+
+TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def row_from(results, units, label: dict) -> dict:
+    s = spec.aggregate(results)
+    c = spec.compare(units, results)
+    T = s["T"]
+    return {**label, "runs": s["runs"], "T": T, "rounds": s["rounds"], "hist": s["hist"],
+            "advance_per_round": s["advance_per_round"], "first_draft_hit": s["first_draft_hit"],
+            "cond_hits": [c_["rate"] for c_ in s["cond_hits"]], "tail_tokens": s["tail_tokens"],
+            "bit_exact": bool(s["bit_exact"]), "ms_per_token": s["ms_per_token"],
+            "greedy_ms_per_token": s["greedy_ms_per_token"], "speedup": s["speedup"],
+            "phase_ms_per_token": {ph: v / T for ph, v in s["phase_ms"].items()},
+            "predicted_ms_per_token": c["predicted_ms_per_token"], "predicted_speedup": c["predicted_speedup"],
+            "predicted_phase_ms_per_token": {ph: v / T for ph, v in c["predicted_phase_ms"].items()},
+            "log": spec.log_lines(s)}
+
+
+# ---- (a) the tiny model end to end --------------------------------------------------------------------
+def bench_tiny(args):
+    name = args.model_a or ("tiny" if TINY.exists() else "test-b")
+    if name != "tiny" and not args.quick and not args.model_a:
+        log("!! the tiny model is missing: falling back to the random preset test-b (acceptance ~ 0)")
+    model = kestrel.load(name, device=args.device)
+    starts = spec.default_starts(model)
+    if args.quick:
+        starts = starts[:1]
+    T = args.T
+    ks = (1, 2) if args.quick else (1, 2, 3, 4)
+    P = max(len(t) for _, t in starts)
+    log(f"(a) {model!r}: {len(starts)} start(s), T={T}, k={ks}")
+    max_seq = P + T + max(ks) + 2
+    g_eng = kestrel.Engine(model, max_seq=max_seq, mmax=1, batch="flex")
+    units = spec.measure_unit_costs(model, k_max=max(ks), ctx=P + T // 2, reps=3 if args.quick else 7)
+    drafters = [("mtp-seed", {}), ("mtp", {}),
+                ("replay", dict(profile=spec.E16_PROFILE, pairing="mtp"))]
+    rows = []
+    # engines are reused (reset between runs) and each (k, policy) group is warmed up first, so a
+    # GPU backend's plans (CUDA graphs, keyed on the engine's buffers) are captured outside the timing
+    for k in ks:
+        for policy in spec.POLICIES:
+            eng = kestrel.Engine(model, max_seq=max_seq, mmax=k, batch=spec.POLICIES[policy])
+            for dname, kw in drafters:
+                spec.run_spec(model, starts[0][1], min(T, 16), k, policy, dname, engine=eng, greedy_engine=g_eng, **kw)
+            for dname, kw in drafters:
+                res = [spec.run_spec(model, toks, T, k, policy, dname, seed=i, engine=eng, greedy_engine=g_eng, **kw)
+                       for i, (_, toks) in enumerate(starts)]
+                row = row_from(res, units, {"policy": policy, "drafter": dname, "k": k,
+                                            "schedule": "E16 profile, pairing mtp" if dname == "replay" else None})
+                rows.append(row)
+                log(f"  {policy:11s} {dname:8s} k={k}: {row['ms_per_token']:.3f} ms/token "
+                    f"(greedy {row['greedy_ms_per_token']:.3f}) speedup {row['speedup']:.3f}x, "
+                    f"predicted {row['predicted_speedup']:.3f}x; advance/round {row['advance_per_round']:.3f}; "
+                    f"bit-exact {row['bit_exact']}")
+            del eng
+    rows.sort(key=lambda r: (list(spec.POLICIES).index(r["policy"]), [d for d, _ in drafters].index(r["drafter"]), r["k"]))
+    acc = {}
+    for pairing in ("mtp", "seed"):
+        a = spec.combine(spec.teacher_forced(model, toks, T=T, depth=4, pairing=pairing) for _, toks in starts)
+        acc[pairing] = a.to_dict()
+        log("  " + a.line())
+    return {"model": model.cfg.name, "source": model.source, "device": getattr(model.be, "device_name", model.be.name),
+            "starts": [lab for lab, _ in starts], "T": T, "units": units.to_dict(), "runs": rows,
+            "acceptance": acc}
+
+
+# ---- (b) the 27B shape, histogram replay ------------------------------------------------------------------
+def bench_large(args):
+    if args.quick:
+        model = kestrel.load("test-a", device="cpu")
+        T, P = args.T, 8
+    else:
+        model = kestrel.load(args.large, device=args.device, dtype=args.dtype)
+        T, P = args.T, 32
+    cfg = model.cfg
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, P)]
+    log(f"(b) {model!r} ({model.source}, weights {getattr(model, 'weight_dtype', args.dtype)}): P={P}, T={T}; GDN state "
+        f"{cfg.gdn_state_bytes / 1e6:.1f} MB + conv {cfg.conv_state_bytes / 1e6:.2f} MB per mark/rollback copy")
+    t0 = time.time()
+    g_eng = kestrel.Engine(model, max_seq=P + T + 8, mmax=1, batch="flex")
+    spec.greedy_timed(model, prompt, min(T, 8), engine=g_eng)                          # warm-up: compile, capture
+    ref, g_ms, _ = spec.greedy_timed(model, prompt, T, engine=g_eng)
+    log(f"  greedy: {g_ms / T:.3f} ms/token (reference stream; {time.time() - t0:.1f} s incl. warm-up)")
+    units = spec.measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=3 if args.quick else 7)
+    log(f"  units (ms): step {units.step:.3f}, step_m {_fmt(units.step_m)}, ckpt {_fmt(units.ckpt)}, "
+        f"draft {units.draft:.3f}, mark {units.mark:.3f}, rollback {units.rollback:.3f}")
+    schedules = [
+        ("seed histogram", 3, dict(hist=spec.SEED_HIST_STR, pairing="seed")),
+        ("E16 profile", 3, dict(profile=spec.E16_PROFILE, pairing="seed")),
+        ("E16 profile", 3, dict(profile=spec.E16_PROFILE, pairing="mtp")),
+    ]
+    engines = {b: kestrel.Engine(model, max_seq=P + T + 8, mmax=3, batch=b) for b in ("strict", "flex")}
+    for policy in spec.POLICIES:                                                      # warm-up: capture plans
+        for _, k, kw in schedules:
+            spec.run_spec(model, prompt, min(T, 16), k, policy, "replay", reference=ref[:min(T, 16)], greedy=False,
+                          engine=engines[spec.POLICIES[policy]], **kw)
+    rows = []
+    for sname, k, kw in schedules:
+        src = {"hist": kw["hist"]} if "hist" in kw else {"profile": kw["profile"]}
+        for policy in spec.POLICIES:
+            r = spec.run_spec(model, prompt, T, k, policy, "replay", reference=ref, greedy=True,
+                              engine=engines[spec.POLICIES[policy]], greedy_engine=g_eng, **kw)
+            row = row_from([r], units, {"policy": policy, "drafter": "replay", "k": k, "schedule": sname,
+                                        "pairing": kw["pairing"]})
+            row["predicted_from_schedule"] = spec.predict(units, policy, kw["pairing"], k, **src)
+            rows.append(row)
+            log(f"  {sname:15s} pairing={kw['pairing']:4s} {policy:11s}: {row['ms_per_token']:.3f} ms/token "
+                f"(greedy {row['greedy_ms_per_token']:.3f}) speedup {row['speedup']:.3f}x | predicted "
+                f"{row['predicted_ms_per_token']:.3f} ms/token {row['predicted_speedup']:.3f}x; "
+                f"phases/token {_fmt(row['phase_ms_per_token'])}; bit-exact {row['bit_exact']}")
+    del engines, g_eng
+    out = {"model": cfg.name, "source": model.source, "weights": getattr(model, "weight_dtype", args.dtype),
+           "device": getattr(model.be, "device_name", model.be.name), "P": P, "T": T,
+           "gdn_state_bytes": cfg.gdn_state_bytes, "conv_state_bytes": cfg.conv_state_bytes,
+           "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
+    del model
+    gc.collect()
+    return out
+
+
+def _fmt(d):
+    return "{" + ", ".join(f"{k}: {v:.3f}" for k, v in d.items()) + "}"
+
+
+# ---- report --------------------------------------------------------------------------------------------------
+def _x(v, nd=3):
+    return "n/a" if v is None else f"{v:.{nd}f}"
+
+
+def markdown(d) -> str:
+    L = [f"# Speculative decoding benchmark{' (quick, CPU stand-ins)' if d['quick'] else ''}", "",
+         f"- device: {d['device']}", f"- date: {d['date']}", f"- command: `{d['command']}`",
+         f"- commit: {d.get('commit')}", f"- host: {d['host']}", ""]
+    L += ["Speedup = greedy ms/token (timed in the same call, same start) / spec ms/token. `predicted` is the",
+          "cost model priced with unit costs measured on the same model and device, for the run's own rounds.",
+          "Phases per token: draft, mark, verify, rollback (checkpoint: select), replay (or the n_ok=0 step),",
+          "sync (the drafter's MTP slot), book (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
+    a = d.get("tiny")
+    if a:
+        L += [f"## (a) {a['model']} end to end ({len(a['starts'])} start(s), T={a['T']}, {a['device']})", "",
+              "| policy | drafter | k | ms/token | greedy ms/token | speedup | predicted speedup | predicted ms/token "
+              "| advance/round | first-draft hit | n_ok histogram | bit-exact |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in a["runs"]:
+            L.append(f"| {r['policy']} | {r['drafter']} | {r['k']} | {_x(r['ms_per_token'])} | "
+                     f"{_x(r['greedy_ms_per_token'])} | {_x(r['speedup'])}x | {_x(r['predicted_speedup'])}x | "
+                     f"{_x(r['predicted_ms_per_token'])} | {_x(r['advance_per_round'])} | {_x(r['first_draft_hit'])} | "
+                     f"{' '.join(f'{n}:{c}' for n, c in r['hist'].items())} | {r['bit_exact']} |")
+        L += ["", "Teacher-forced MTP acceptance (E16 protocol) of this model:", "",
+              "| pairing | N | alpha_1..4 | p_1..4 | E[len] | advance/round by k |", "|---|---|---|---|---|---|"]
+        for pairing, acc in a["acceptance"].items():
+            L.append(f"| {pairing} | {acc['N']} | {' '.join(_x(x) for x in acc['alpha'])} | "
+                     f"{' '.join(_x(x) for x in acc['p'])} | {_x(acc['E_len'])} | "
+                     f"{', '.join(f'k={k}: {_x(v)}' for k, v in acc['advance'].items())} |")
+        L += ["", f"Unit costs (ms): {_units(a['units'])}", ""]
+    b = d.get("large")
+    if b:
+        L += [f"## (b) {b['model']} shape, random {b['weights']} weights, replay drafter ({b['device']})", "",
+              f"P={b['P']}, T={b['T']}; greedy {_x(b['greedy_ms_per_token'])} ms/token; each mark/rollback copies "
+              f"{(b['gdn_state_bytes'] + b['conv_state_bytes']) / 1e6:.1f} MB of GDN state.", "",
+              "| schedule | pairing | policy | k | ms/token | speedup | predicted (run's rounds) | predicted "
+              "(schedule) | draft | mark | verify | rollback | replay | sync | book | histogram | bit-exact |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in b["runs"]:
+            ph = r["phase_ms_per_token"]
+            ps = r["predicted_from_schedule"]
+            L.append(f"| {r['schedule']} | {r['pairing']} | {r['policy']} | {r['k']} | {_x(r['ms_per_token'])} | "
+                     f"{_x(r['speedup'])}x | {_x(r['predicted_ms_per_token'])} ms, {_x(r['predicted_speedup'])}x | "
+                     f"{_x(ps['ms_per_token'])} ms, {_x(ps['speedup'])}x | "
+                     + " | ".join(_x(ph[p]) for p in spec.PHASES)
+                     + f" | {' '.join(f'{n}:{c}' for n, c in r['hist'].items())} | {r['bit_exact']} |")
+        L += ["", "Phase columns: ms per emitted token, measured.", "", f"Unit costs (ms): {_units(b['units'])}", ""]
+        for r in b["runs"]:
+            L += [f"`{r['schedule']} / {r['pairing']} / {r['policy']}`:", "```"] + r["log"] + ["```"]
+    return "\n".join(L) + "\n"
+
+
+def _units(u) -> str:
+    return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
+            f"draft {_x(u['draft'])}; mtp batch {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
+            f"select {_x(u['select'])}; argmax {_x(u['argmax'])}; book {_x(u['book'])}")
+
+
+def _fmt_str(d):
+    return ", ".join(f"M={k}: {_x(v)}" for k, v in d.items())
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CPU stand-ins (tiny or test-b; test-a for the 27B part), T=16, one start, k=1,2")
+    ap.add_argument("--out", default=str(ROOT / "results"))
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--T", type=int, default=None)
+    ap.add_argument("--model-a", default=None, help="model for part (a) (default: tiny; test-b if tiny is missing)")
+    ap.add_argument("--large", default="qwen3.5-27b", help="preset for part (b)")
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"), help="part (b) weights")
+    ap.add_argument("--skip-tiny", action="store_true")
+    ap.add_argument("--skip-large", action="store_true")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.device = "cpu"
+    args.T = args.T or (16 if args.quick else 64)
+    t0 = time.time()
+    d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+         "command": " ".join(["python", "scripts/bench_spec.py"] + (argv if argv is not None else sys.argv[1:])),
+         "commit": git_commit(), "host": f"{platform.node()} ({platform.machine()}, Python {platform.python_version()})"}
+    d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
+    if not args.skip_tiny:
+        d["tiny"] = bench_tiny(args)
+    if not args.skip_large:
+        d["large"] = bench_large(args)
+    d["seconds"] = round(time.time() - t0, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "bench_spec_quick" if args.quick else "bench_spec"
+    (out / f"{stem}.json").write_text(json.dumps(d, indent=1, default=str))
+    (out / f"{stem}.md").write_text(markdown(d))
+    log(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')} in {d['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

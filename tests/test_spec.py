@@ -1,0 +1,415 @@
+"""kestrel.spec: the speculative round, policies, drafters, variants, instrumentation, cost model, CLI.
+
+The model: the embedded tiny model when kestrel/assets/tiny/model.safetensors exists (its six
+starts.json prompts), else the random preset 'test-b' with six seeded random prompts (MTP
+acceptance near zero, but every bit-exactness claim must hold all the same).
+KESTREL_SPEC_TEST_MODEL=<preset|dir> overrides the choice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kestrel
+from kestrel import spec
+from kestrel.errors import BatchWidthError, CursorError, KestrelError
+from kestrel.spec.accept import Acceptance
+from kestrel.spec.cost import UnitCosts
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = Path(kestrel.__file__).resolve().parent / "assets" / "tiny" / "model.safetensors"
+MODEL_NAME = os.environ.get("KESTREL_SPEC_TEST_MODEL") or ("tiny" if TINY.exists() else "test-b")
+TRAINED = MODEL_NAME not in kestrel.PRESETS
+T = 64
+POLICIES = ("replay", "flex-replay", "checkpoint")
+DRAFTERS = ("mtp-seed", "mtp", "replay")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return kestrel.load(MODEL_NAME, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def starts(model):
+    st = [toks for _, toks in spec.default_starts(model)]
+    assert len(st) == 6
+    return st
+
+
+@pytest.fixture(scope="module")
+def refs(model, starts):
+    return [kestrel.generate(model, s, T) for s in starts]
+
+
+def replay_kw(i):
+    """The replay drafter in the matrix: the seed's E16 profile, both pairings (alternating by start)."""
+    return dict(profile=spec.E16_PROFILE, pairing="seed" if i % 2 == 0 else "mtp", seed=i)
+
+
+# ---- 1. the construction guarantee: bit-exact for every policy x drafter x k x start ---------------
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_bit_exact_matrix(model, starts, refs, policy, drafter, k):
+    for i, (prompt, ref) in enumerate(zip(starts, refs)):
+        kw = replay_kw(i) if drafter == "replay" else {}
+        # check=True (default): consumed == emitted and the cursors are verified after every round;
+        # check_rows=True: every replayed row is bit-identical to its verify row
+        r = spec.run_spec(model, prompt, T, k, policy, drafter, reference=ref, greedy=False, check_rows=True, **kw)
+        assert r.stream == ref, f"start {i}: first difference at token {r.first_diff}"
+        assert r.bit_exact
+        assert sum(len(x.emitted) for x in r.rounds) + r.tail_tokens == T
+        assert all(1 <= x.k <= k and 0 <= x.n_ok <= x.k for x in r.rounds)
+        if drafter == "replay":       # the oracle forced exactly what its schedule asked for
+            assert [x.n_ok for x in r.rounds] == [min(x.requested, x.k) for x in r.rounds]
+        if drafter == "mtp" or (drafter == "replay" and i % 2 == 1):
+            assert all(x.n_ok >= 1 for x in r.rounds), "d_1 = argmax(logits_p) is free under pairing mtp"
+        if policy == "replay" and k > 1:
+            assert r.tail_tokens < k
+
+
+# ---- 2. the replay drafter forces the requested n_ok sequence ----------------------------------------
+def test_replay_drafter_reproduces_seed_histogram(model, starts, refs):
+    seq = spec.hist_to_sequence(spec.SEED_HIST, seed=3, fit_k=3)
+    r = spec.run_spec(model, starts[0], 64, 3, "replay", "replay", seq=seq, pairing="seed", reference=refs[0],
+                      greedy=False)
+    assert r.noks == seq
+    assert r.tail_tokens == 0
+    s = r.summary()
+    assert s["hist"] == {0: 24, 1: 6, 2: 11, 3: 4}
+    lines = r.log_lines()
+    assert "[spec] rounds=45 accepted=40 mean/round=0.889 => advance/round=1.422 (n_ok=0 rounds=24)" in lines
+    assert "[spec] n_ok histogram: n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4" in lines
+    assert "[spec] token stream memcmp=0 => PASS (byte-identical to greedy)" in lines
+    # the same histogram string drives it directly
+    r2 = spec.run_spec(model, starts[0], 64, 3, "checkpoint", "replay", hist=spec.SEED_HIST_STR, pairing="seed",
+                       reference=refs[0], greedy=False)
+    assert r2.summary()["hist"] == {0: 24, 1: 6, 2: 11, 3: 4} and r2.bit_exact
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_replay_drafter_exact_sequence_mtp_pairing(model, starts, refs, policy):
+    seq = [1, 3, 2, 4, 1, 1, 4, 2, 3, 3, 1, 2, 4, 4, 1, 2]
+    r = spec.run_spec(model, starts[1], T, 4, policy, "replay", seq=seq, pairing="mtp", reference=refs[1],
+                      greedy=False)
+    want = [seq[i % len(seq)] for i in range(len(r.rounds))]
+    assert [min(n, x.k) for n, x in zip(want, r.rounds)] == r.noks
+    assert r.noks[:len(seq)] == seq
+    assert r.bit_exact
+
+
+def test_replay_drafter_rejects_impossible_requests(model, starts, refs):
+    with pytest.raises(KestrelError, match="free"):
+        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay", seq=[1, 0, 2], pairing="mtp",
+                      reference=refs[0][:16], greedy=False)
+    with pytest.raises(KestrelError, match="reference"):
+        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay", seq=[1], greedy=False)
+
+
+def test_profile_schedule_statistics():
+    # many rounds of the profile-driven schedule approach the profile's n_ok distribution
+    for pairing in ("seed", "mtp"):
+        sch = spec.Schedule(profile=spec.E16_PROFILE, pairing=pairing, seed=1)
+        n = 20000
+        draws = [sch.next(3) for _ in range(n)]
+        dist = spec.nok_distribution(spec.E16_PROFILE, 3, pairing)
+        for v in range(4):
+            assert abs(draws.count(v) / n - dist[v]) < 0.015, (pairing, v)
+    assert spec.nok_distribution((0.5, 0.5), 2, "seed") == [0.5, 0.25, 0.25]
+    assert spec.nok_distribution((0.5,), 2, "mtp") == [0.0, 0.5, 0.5]
+    with pytest.raises(KestrelError):
+        spec.nok_distribution((0.5,), 3, "mtp")
+
+
+# ---- 3. the strict tail -----------------------------------------------------------------------------------
+def test_strict_tail_plain_steps(model, starts, refs):
+    # every round accepts nothing: one token per round; at 2 left < k=3 the strict batch
+    # cannot verify, so the seed stops speculating and finishes with 2 plain M=1 steps
+    r = spec.run_spec(model, starts[2], T, 3, "replay", "replay", seq=[0], pairing="seed", reference=refs[2],
+                      greedy=False)
+    assert r.batch == "strict" and r.tail_mode == "plain"
+    assert len(r.rounds) == T - 2 and r.tail_tokens == 2
+    assert all(x.k == 3 for x in r.rounds)
+    assert r.bit_exact
+    assert any(line.startswith("[spec] tail: 2 token(s) by plain M=1 steps") for line in r.log_lines())
+    # tail='shrink' on the strict engine: the short batch is rejected (the seed's bug)
+    with pytest.raises(BatchWidthError, match="strict"):
+        spec.run_spec(model, starts[2], T, 3, "replay", "replay", seq=[0], pairing="seed", reference=refs[2],
+                      greedy=False, tail="shrink")
+    # a flex engine shrinks the last rounds instead: no tail
+    f = spec.run_spec(model, starts[2], T, 3, "flex-replay", "replay", seq=[0], pairing="seed", reference=refs[2],
+                      greedy=False)
+    assert f.tail_tokens == 0 and [x.k for x in f.rounds[-3:]] == [3, 2, 1] and f.bit_exact
+
+
+# ---- 4. deliberately wrong variants -----------------------------------------------------------------------
+@pytest.mark.parametrize("policy", POLICIES)
+def test_ghost_tokens_when_the_self_token_is_emitted(model, starts, refs, policy):
+    ref = refs[3]
+    r = spec.run_spec(model, starts[3], 40, 2, policy, "mtp", reference=ref[:40], greedy=False,
+                      emit_self=True, check=False)
+    assert r.stream != ref[:40]
+    ghosts, pos = [], 0
+    for x in r.rounds:              # n_ok >= 1 every round (d_1 is free): each round ends on a ghost
+        pos += len(x.emitted)
+        assert x.emitted[-1] == x.self_token
+        ghosts.append(pos - 1)
+    ghosts = [g for g in ghosts if g < len(r.stream)]
+    for g in ghosts[:-1]:           # the next round emits the same token again: a duplicate
+        assert r.stream[g + 1] == r.stream[g]
+    clean = [t for i, t in enumerate(r.stream) if i not in set(ghosts)]
+    assert clean == ref[:len(clean)]
+    # with the per-round check on, the first ghost round is caught
+    with pytest.raises(spec.InvariantError, match="consumed .* != emitted"):
+        spec.run_spec(model, starts[3], 40, 2, policy, "mtp", reference=ref[:40], greedy=False, emit_self=True)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_double_consumption_raises(model, starts, refs, policy):
+    with pytest.raises(CursorError, match="double consumption"):
+        spec.run_spec(model, starts[0], 16, 3, policy, "mtp-seed", reference=refs[0][:16], greedy=False,
+                      double_consume=True)
+
+
+@pytest.mark.parametrize("drafter", ["mtp-seed", "mtp"])
+def test_negative_control_mtp_cursor_left_out_of_the_snapshot(model, starts, refs, drafter):
+    """mark() before the draft and a driver that trusts rollback() to rewind the MTP slot: with
+    the MTP cursor in the snapshot it behaves exactly like the standard round; without it the
+    MTP rows drift, the drafts (and so the histogram) change, and the stream stays bit-exact."""
+    differing = 0
+    for prompt, ref in list(zip(starts, refs))[:3]:
+        std = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False)
+        good = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False, mark_first=True)
+        bad = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False, mark_first=True,
+                            mark_mtp_cursor=False)
+        assert [x.drafts for x in good.rounds] == [x.drafts for x in std.rounds]
+        assert all(x.mtp_cursor == x.p for x in good.rounds)
+        assert good.bit_exact and bad.bit_exact
+        if any(x.n_ok < x.k for x in bad.rounds[:-1]):          # a rollback happened: the slot drifted
+            assert bad.rounds[-1].mtp_cursor > bad.rounds[-1].p
+        differing += sum(a.drafts != b.drafts for a, b in zip(std.rounds, bad.rounds))
+    assert differing > 0
+
+
+def test_negative_control_primitive(model, starts):
+    a = spec.mtp_cursor_control(model, starts[4], k=3, include_mtp_cursor=True)
+    assert a["cursor_after_rollback"] == a["cursor_at_mark"] and a["same"]
+    b = spec.mtp_cursor_control(model, starts[4], k=3, include_mtp_cursor=False)
+    assert b["cursor_after_rollback"] == b["cursor_after_draft"] == b["cursor_at_mark"] + 3
+
+
+@pytest.fixture(scope="module")
+def mtp_runs(model, starts, refs):
+    """The correct 'mtp' drafter, checkpoint policy, k=3, on every start (shared by the feed tests)."""
+    return [spec.run_spec(model, p, T, 3, "checkpoint", "mtp", reference=r, greedy=False) for p, r in zip(starts, refs)]
+
+
+@pytest.mark.parametrize("feed", ["seed-pairing", "stale-hidden"])
+def test_wrong_mtp_inputs_stay_bit_exact(model, starts, refs, mtp_runs, feed):
+    acc_good = acc_bad = rounds_good = rounds_bad = changed = 0
+    for prompt, ref, good in zip(starts, refs, mtp_runs):
+        bad = spec.run_spec(model, prompt, T, 3, "checkpoint", "mtp", reference=ref, greedy=False, feed=feed)
+        assert bad.bit_exact, "the construction guarantee holds whatever the drafter is fed"
+        assert bad.summary()["variants"] == {"feed": feed}
+        acc_good += sum(good.noks)
+        acc_bad += sum(bad.noks)
+        rounds_good += len(good.rounds)
+        rounds_bad += len(bad.rounds)
+        changed += sum(a.drafts != b.drafts for a, b in zip(good.rounds, bad.rounds))
+    assert changed > 0, "the wrong inputs reach the MTP"
+    if TRAINED:     # a trained MTP: acceptance collapses with the wrong inputs
+        assert acc_bad / rounds_bad < acc_good / rounds_good
+
+
+# ---- 5. teacher-forced acceptance -------------------------------------------------------------------------
+def brute_force_acceptance(model, prompt, stream, depth, pairing):
+    """Independent recount: per anchor a fresh engine, its own prefill and MTP rows."""
+    toks = list(prompt) + list(stream)
+    P, L = len(prompt), len(toks) - 1
+    off = 1 if pairing == "mtp" else 0
+    c, e, hits_all = [0] * depth, [0] * depth, []
+    for i in range(P - 1, L - off):
+        eng = kestrel.Engine(model, max_seq=i + depth + 3, mmax=1, batch="flex")
+        H = eng.prefill(toks[:i + 1]).hidden
+        for r in range(i):
+            eng.mtp_step(r, toks[r + off], H[r])
+        x, h, hits = toks[i + off], H[i], []
+        for j in range(1, depth + 1):
+            if i + off + j > L:
+                break
+            e[j - 1] += 1
+            s = eng.mtp_step(i + j - 1, x, h)
+            pred = int(kestrel.to_numpy(s.logits).argmax())
+            hits.append(int(pred == toks[i + off + j]))
+            if not hits[-1]:
+                break
+            c[j - 1] += 1
+            x, h = pred, s.hidden
+        hits_all.append(hits)
+    return c, e, hits_all
+
+
+@pytest.mark.parametrize("pairing", ["mtp", "seed"])
+def test_teacher_forced_matches_brute_force(model, starts, refs, pairing):
+    for idx in (0, 5):
+        stream = refs[idx][:24]
+        acc = spec.teacher_forced(model, starts[idx], stream, depth=4, pairing=pairing)
+        c, e, hits = brute_force_acceptance(model, starts[idx], stream, 4, pairing)
+        assert (acc.c, acc.e, acc.hits) == (c, e, hits)
+        assert acc.N == len(hits) == e[0]
+
+
+def test_teacher_forced_predicts_the_mtp_drafter_rounds(model, starts, refs):
+    """Under pairing 'mtp' the drafter's slot holds exactly the verified rows, so every real
+    round's n_ok is what the teacher-forced hits at its anchor imply."""
+    for idx in (1, 4):
+        acc = spec.teacher_forced(model, starts[idx], refs[idx], depth=4, pairing="mtp")
+        for k in (2, 4):
+            r = spec.run_spec(model, starts[idx], T, k, "checkpoint", "mtp", reference=refs[idx], greedy=False)
+            assert r.noks == [spec.implied_nok(acc, x.p, x.k) for x in r.rounds]
+
+
+def test_acceptance_formulas_reproduce_e16():
+    # the seed's E16 (T=63, k=4): alpha 0.714 0.364 0.500 0.750, p 0.714 0.254 0.127 0.095, E[len] 2.190
+    a = Acceptance(pairing="mtp", depth=4, N=63, c=[45, 16, 8, 6], e=[63, 44, 16, 8])
+    assert [round(x, 3) for x in a.alpha] == [0.714, 0.364, 0.5, 0.75]
+    assert [round(x, 3) for x in a.p] == [0.714, 0.254, 0.127, 0.095]
+    assert round(a.E_len, 3) == 2.190
+    assert a.advance(1) == 1.0 and round(a.advance(3), 4) == round(1 + 45 / 63 + 16 / 63, 4)
+    tot = spec.combine([a, a])
+    assert tot.N == 126 and tot.alpha == a.alpha
+
+
+# ---- 6. summaries and the seed's attribution ---------------------------------------------------------------
+def test_summary_reproduces_the_seeds_attribution():
+    # §4.3: rounds=48, accepted=32, n_ok=0 rounds=30; first-draft 18/48, d2|d1 11/18, d3|d1d2 3/11
+    noks = [0] * 30 + [1] * 7 + [2] * 8 + [3] * 3
+    s = spec.summarize_noks(noks, k=3)
+    assert (s["rounds"], s["accepted"], s["zero_rounds"]) == (48, 32, 30)
+    assert [(c["hit"], c["of"]) for c in s["cond_hits"]] == [(18, 48), (11, 18), (3, 11)]
+    assert round(s["mean_per_round"], 3) == 0.667
+    assert s["first_draft_hit"] == 18 / 48
+    assert spec.parse_hist("n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4") == spec.parse_hist("0:24,1:6,2:11,3:4")
+    with pytest.raises(KestrelError):
+        spec.parse_hist("0-24")
+
+
+def test_aggregate_adds_runs(model, starts, refs):
+    rs = [spec.run_spec(model, starts[i], 16, 2, "checkpoint", "mtp", reference=refs[i][:16], greedy=False)
+          for i in (0, 1)]
+    s = spec.aggregate(rs)
+    assert s["rounds"] == len(rs[0].rounds) + len(rs[1].rounds)
+    assert s["accepted"] == sum(rs[0].noks) + sum(rs[1].noks)
+    assert s["T"] == 32 and s["bit_exact"] is True and s["speedup"] is None
+    assert set(s["phase_ms"]) >= set(spec.PHASES)
+
+
+def test_greedy_timed_equals_generate(model, starts, refs):
+    out, ms, pre = spec.greedy_timed(model, starts[0], 20)
+    assert out == refs[0][:20] and ms > 0 and pre > 0
+    r = spec.run_spec(model, starts[0], 20, 2, "checkpoint", "mtp")      # greedy=True: timed in the same call
+    assert r.reference == refs[0][:20] and r.bit_exact and r.summary()["speedup"] > 0
+
+
+def test_engine_reuse(model, starts, refs):
+    """Benchmarks reuse engines (a GPU backend keys its captured plans on their buffers)."""
+    eng = kestrel.Engine(model, max_seq=128, mmax=3, batch="strict")
+    g = kestrel.Engine(model, max_seq=128, mmax=1, batch="flex")
+    fresh = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-seed", reference=refs[0][:24], greedy=False)
+    for _ in range(2):     # a used engine is reset: the same rounds again
+        r = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-seed", engine=eng, greedy_engine=g)
+        assert r.bit_exact and r.reference == refs[0][:24]
+        assert [(x.drafts, x.n_ok) for x in r.rounds] == [(x.drafts, x.n_ok) for x in fresh.rounds]
+    with pytest.raises(KestrelError, match="mmax"):
+        spec.run_spec(model, starts[0], 24, 2, "replay", "mtp-seed", engine=eng, greedy=False, reference=refs[0][:24])
+    with pytest.raises(KestrelError, match="batch"):
+        spec.run_spec(model, starts[0], 24, 3, "checkpoint", "mtp", engine=eng, greedy=False, reference=refs[0][:24])
+
+
+# ---- 7. the cost model ---------------------------------------------------------------------------------------
+UNITS = UnitCosts(step=10.0, step_m={1: 10.0, 2: 12.0, 3: 14.0}, ckpt={1: 11.0, 2: 13.0, 3: 15.0}, draft=1.0,
+                  mtp={1: 1.0, 2: 1.5}, mark=2.0, rollback=2.0, select=0.1, truncate=0.0, argmax=0.5, book=0.5)
+
+
+def test_cost_model_by_hand():
+    u = UNITS
+    # replay (seed's wall), seed pairing, k=3, rounds {0: 2, 1: 1, 3: 1}
+    #   n=0: draft 3 + mark 2 + verify 14 + rollback 2 + 1 step 10 + book 0.5 = 31.5
+    #   n=1: same = 31.5;  n=3: 3 + 2 + 14 + 0.5 = 19.5  -> 114 ms / 6 tokens = 19 ms/token
+    p = spec.predict(u, "replay", "seed", 3, hist="0:2 1:1 3:1")
+    assert p["ms_per_token"] == pytest.approx(19.0)
+    assert p["speedup"] == pytest.approx(10.5 / 19.0)
+    assert p["advance_per_round"] == pytest.approx(1.5)
+    # n=2: replay pays 2 M=1 steps, flex-replay one step_m(2)
+    assert spec.predict(u, "replay", "seed", 3, hist={2: 1})["ms_per_token"] == pytest.approx(41.5 / 2)
+    assert spec.predict(u, "flex-replay", "seed", 3, hist={2: 1})["ms_per_token"] == pytest.approx(33.5 / 2)
+    # checkpoint, seed pairing, n=0: draft 3 + ckpt 15 + select 0.1 + step 10 + book 0.5
+    assert spec.predict(u, "checkpoint", "seed", 3, hist={0: 1})["ms_per_token"] == pytest.approx(28.6)
+    # checkpoint, mtp pairing, profile (0.5, 0.5): P(n=1,2,3) = .5, .25, .25
+    #   n=1: 2 drafts + 15 + 0.1 + 0.5 = 17.6; n=2: + rewrite mtp[1] = 18.6; n=3: + mtp[2] = 19.1
+    p = spec.predict(u, "checkpoint", "mtp", 3, profile=(0.5, 0.5))
+    assert p["round_ms"] == pytest.approx(0.5 * 17.6 + 0.25 * 18.6 + 0.25 * 19.1)
+    assert p["advance_per_round"] == pytest.approx(1.75)
+    assert p["ms_per_token"] == pytest.approx(18.225 / 1.75)
+    # mtp pairing, k=1: no draft step, one rewrite row per round
+    assert spec.round_cost(u, "checkpoint", "mtp", 1, 1)["sync"] == pytest.approx(1.0)
+    assert spec.round_cost(u, "checkpoint", "mtp", 1, 1)["draft"] == 0.0
+    # a sequence with T: the tokens the rounds leave are the strict tail, step + argmax each
+    p = spec.predict(u, "replay", "seed", 3, seq=[0, 3], T=6)
+    assert p["tail_tokens"] == 2 and p["total_ms"] == pytest.approx(31.5 + 19.5 + 2 * 10.5)
+    assert p["ms_per_token"] == pytest.approx(72.0 / 6)
+    with pytest.raises(KestrelError):
+        spec.predict(u, "replay", "mtp", 3, hist="0:1")
+
+
+def test_cost_model_prices_a_measured_run(model, starts, refs):
+    r = spec.run_spec(model, starts[0], 32, 3, "replay", "replay", seq=[0, 2, 3, 1], pairing="seed",
+                      reference=refs[0][:32], greedy=False)
+    pr = spec.predict_result(UNITS, r)
+    want = sum(sum(spec.round_cost(UNITS, "replay", "seed", x.k, x.n_ok).values()) for x in r.rounds)
+    assert pr["total_ms"] == pytest.approx(want + r.tail_tokens * 10.5)
+    u = spec.measure_unit_costs(model, k_max=3, ctx=16, reps=2)
+    assert set(u.step_m) == set(u.ckpt) == set(u.mtp) == {1, 2, 3}
+    c = spec.compare(u, [r])
+    assert c["T"] == 32 and c["predicted_ms_per_token"] > 0 and c["measured_ms_per_token"] > 0
+    assert set(c["predicted_phase_ms"]) == set(spec.PHASES)
+
+
+# ---- 8. the CLI and the benchmark script ---------------------------------------------------------------------
+def test_cli_spec(tmp_path, capsys):
+    from kestrel.__main__ import main
+    out = tmp_path / "out.json"
+    rc = main(["spec", "--model", "test-b", "--device", "cpu", "--k", "2", "--T", "12", "--starts", "0,1",
+               "--drafter", "mtp-seed", "--policy", "replay", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert text.count("memcmp=0 => PASS") == 3 and "== overall: 2 start(s)" in text
+    assert "[spec] rounds=" in text and "n_ok histogram: n_ok=0:" in text and "speedup" in text
+    d = json.loads(out.read_text())
+    assert len(d["starts"]) == 2 and d["summary"]["bit_exact"] is True
+    rc = main(["spec", "--model", "test-b", "--device", "cpu", "--k", "3", "--T", "64", "--starts", "0",
+               "--drafter", "replay", "--hist", "0:24 1:6 2:11 3:4", "--policy", "replay"])
+    assert rc == 0
+    assert "[spec] rounds=45 accepted=40 mean/round=0.889 => advance/round=1.422 (n_ok=0 rounds=24)" in \
+        capsys.readouterr().out
+
+
+def test_bench_script_quick(tmp_path):
+    # --model-a test-b keeps it fast; the tiny model itself is covered by every other test here
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_spec.py"), "--quick", "--model-a", "test-b",
+           "--out", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = json.loads((tmp_path / "bench_spec_quick.json").read_text())
+    assert {"device", "date", "command", "tiny", "large"} <= set(d)
+    assert all(row["bit_exact"] for row in d["tiny"]["runs"])
+    assert all(row["bit_exact"] for row in d["large"]["runs"])
+    assert all("predicted_ms_per_token" in row for row in d["large"]["runs"])
+    md = (tmp_path / "bench_spec_quick.md").read_text()
+    assert "speedup" in md and "predicted" in md
