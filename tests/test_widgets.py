@@ -1,0 +1,310 @@
+"""kestrel.widgets: the plain figures (static book) and the two live widgets, headless, on the
+tiny model on the CPU backend. Small T throughout: the whole file runs in seconds."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("plotly")
+pytest.importorskip("ipywidgets")
+
+import kestrel  # noqa: E402
+from kestrel import plots, spec, widgets  # noqa: E402
+
+T = 16
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return widgets.get_model("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt(tiny):
+    return spec.default_starts(tiny)[0][1]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, prompt):
+    """replay (strict: has a tail at T=16, k=3), flex-replay and checkpoint, one drafter each."""
+    return [spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="mtp-seed"),
+            spec.run_spec(tiny, prompt, T=T, k=3, policy="flex-replay", drafter="mtp"),
+            spec.run_spec(tiny, prompt, T=T, k=2, policy="checkpoint", drafter="mtp")]
+
+
+@pytest.fixture(scope="module")
+def replayed(tiny, prompt):
+    return spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="replay", hist=spec.SEED_HIST_STR)
+
+
+@pytest.fixture(scope="module")
+def units(tiny):
+    return spec.measure_unit_costs(tiny, k_max=4, ctx=24, reps=2, warmup=1)
+
+
+def _bench_row(r, units):
+    """A row shaped like scripts/bench_spec.py's, through a JSON round trip (string keys)."""
+    s = spec.aggregate([r])
+    c = spec.compare(units, [r])
+    row = {"policy": r.policy, "drafter": r.drafter, "k": r.k, "T": s["T"], "rounds": s["rounds"],
+           "hist": s["hist"], "advance_per_round": s["advance_per_round"], "tail_tokens": s["tail_tokens"],
+           "ms_per_token": s["ms_per_token"], "greedy_ms_per_token": s["greedy_ms_per_token"],
+           "speedup": s["speedup"], "phase_ms_per_token": {ph: v / s["T"] for ph, v in s["phase_ms"].items()},
+           "predicted_speedup": c["predicted_speedup"]}
+    return json.loads(json.dumps(row))
+
+
+# --------------------------------------------------------------------------- import
+
+def test_import_is_lazy():
+    code = ("import sys, kestrel; assert 'kestrel.widgets' not in sys.modules; "
+            "import kestrel.widgets; "
+            "bad = [m for m in ('ipywidgets', 'plotly', 'IPython', 'anywidget') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# --------------------------------------------------------------------------- plain figures
+
+def test_hist_figure(runs, replayed):
+    fig = widgets.hist_figure(runs[:2])
+    assert [t.type for t in fig.data] == ["bar", "bar"]
+    for t, r in zip(fig.data, runs[:2]):
+        assert list(t.y) == [spec.histogram(r.noks, 3)[n] for n in range(4)]
+    # every accepted input kind; normalized; the replay schedule's requested values
+    fig = widgets.hist_figure([replayed, spec.SEED_HIST_STR, {"0": 1, "1": 3}, [0, 1, 1, 2]], normalize=True,
+                              requested=[r.requested for r in replayed.rounds])
+    assert len(fig.data) == 5 and fig.data[-1].type == "scatter"
+    assert abs(sum(fig.data[1].y) - 1.0) < 1e-12 and fig.data[1].y[0] == pytest.approx(24 / 45)
+    assert list(fig.data[-1].y) == list(fig.data[0].y)        # the oracle got what it asked for
+    assert len(widgets.hist_figure([0, 2, 2]).data) == 1       # a single n_ok list is one run
+
+
+def test_phase_figure(runs, units):
+    pred = spec.predict(units, "checkpoint", "mtp", 2, profile=spec.E16_PROFILE)
+    fig = widgets.phase_figure(runs + [pred])
+    bars = [t for t in fig.data if t.type == "bar"]
+    names = [t.name for t in bars]
+    assert names == list(spec.PHASES) + ["tail"]               # the strict replay run has a tail at T=16, k=3
+    assert runs[0].tail_tokens > 0
+    labels = list(bars[0].x)
+    assert len(labels) == 4 and len(set(labels)) == 4 and labels[-1].endswith("(predicted)")
+    for j, r in enumerate(runs):                                # stacked phases add up to the measured ms/token
+        assert sum(t.y[j] for t in bars) == pytest.approx(r.summary()["ms_per_token"], rel=1e-9)
+    assert sum(t.y[3] for t in bars) == pytest.approx(pred["ms_per_token"], rel=1e-9)
+    greedy = next(t for t in fig.data if t.name == "greedy ms/token")
+    assert list(greedy.y[:3]) == pytest.approx([r.summary()["greedy_ms_per_token"] for r in runs])
+    # bench rows (JSON) and summaries give the same bars as the SpecResult
+    a = widgets.phase_figure([runs[0], runs[0].summary(), _bench_row(runs[0], units)], names=["a", "b", "c"])
+    for t in a.data:
+        if t.type == "bar":
+            assert t.y[0] == pytest.approx(t.y[1], rel=1e-9) and t.y[0] == pytest.approx(t.y[2], rel=1e-9)
+
+
+def test_speedup_and_round_figures(runs, replayed, units):
+    fig = widgets.speedup_figure(runs, predicted=units)
+    assert list(fig.data[0].y) == pytest.approx([r.summary()["speedup"] for r in runs])
+    assert list(fig.data[1].y) == pytest.approx([spec.predict_result(units, r)["speedup"] for r in runs])
+    assert any(s.y0 == 1.0 for s in fig.layout.shapes)         # the greedy (1x) reference line
+    rows = [_bench_row(r, units) for r in runs]
+    fig = widgets.speedup_figure(rows)
+    assert list(fig.data[1].y) == pytest.approx([r["predicted_speedup"] for r in rows])
+    fig = widgets.round_figure(replayed)
+    assert [t.name for t in fig.data] == list(spec.PHASES) + ["greedy, same tokens"]
+    assert len(fig.data[0].x) == len(replayed.rounds)
+
+
+def test_replay_frames_figure(replayed):
+    r = replayed
+    fig = widgets.replay_frames_figure(r)
+    n = len(r.rounds) + (1 if r.tail_tokens else 0)
+    assert len(fig.frames) == n
+    assert len(fig.layout.sliders[0].steps) == n and fig.layout.sliders[0].active == n - 1
+    hist = [spec.histogram(r.noks, r.k)[i] for i in range(r.k + 1)]
+    assert list(fig.data[0].y) == hist                         # opens on the final state
+    assert list(fig.frames[-1].data[0].y) == hist
+    assert sum(fig.frames[0].data[0].y) == 1                   # grows round by round
+    assert [sum(f.data[0].y) for f in fig.frames[:len(r.rounds)]] == list(range(1, len(r.rounds) + 1))
+    assert "speedup" in fig.layout.title.text
+    # thinned to max_frames, keeping the final state
+    few = widgets.replay_frames_figure(r, max_frames=5)
+    assert len(few.frames) == 5 and list(few.frames[-1].data[0].y) == hist
+    # static HTML: frames travel, nothing auto-plays, no CDN
+    b = plots.animated_bundle(fig)
+    assert len(b[plots.PLOTLY_MIME]["frames"]) == n
+    assert "Plotly.addFrames" in b["text/html"] and "Plotly.animate(" not in b["text/html"]
+    assert "cdn" not in b["text/html"].lower()
+
+
+def test_cost_surface_figure(runs, units):
+    alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
+    fig = widgets.cost_surface_figure(units, "checkpoint", "mtp", measured=runs, alphas=alphas,
+                                      profile=spec.E16_PROFILE, k=2)
+    heat, breakeven, prof, measured = fig.data
+    assert heat.type == "heatmap" and list(heat.x) == [1, 2, 3, 4] and len(heat.z) == len(alphas)
+    want = spec.predict(units, "checkpoint", "mtp", 3, profile=(0.5,) * 3)["speedup"]
+    assert heat.z[2][2] == pytest.approx(want, rel=1e-3)
+    # measured: the two 'mtp' runs that used checkpoint -> one (k=2), at its equivalent alpha
+    mine = [r for r in runs if r.policy == "checkpoint" and r.pairing == "mtp"]
+    assert len(measured.x) == len(mine) == 1
+    s = mine[0].summary()
+    assert measured.y[0] == pytest.approx(widgets.equivalent_alpha(s["mean_per_round"], 2, "mtp"))
+    assert measured.marker.color[0] == pytest.approx(s["speedup"])
+    assert len(prof.x) == 3                                    # mtp, k=1: alpha changes nothing
+    for kk, a in ((3, 0.3), (2, 0.8), (1, 0.6)):
+        mean = sum(n * p for n, p in enumerate(spec.nok_distribution((a,) * kk, kk, "seed")))
+        assert widgets.equivalent_alpha(mean, kk, "seed") == pytest.approx(a, abs=1e-9)
+    assert widgets.equivalent_alpha(1.0, 1, "mtp") is None
+
+
+def test_cost_explorer_static(runs, units):
+    alphas = [0.0, 0.5, 1.0]
+    fig = widgets.cost_explorer_static(units, measured=runs, alphas=alphas, alpha0=0.5)
+    n = len(spec.POLICIES) * len(spec.PAIRINGS)
+    assert len(fig.data) == n + 1 and fig.data[-1].name.startswith("measured")
+    assert len(fig.data[-1].x) == len(runs)
+    assert len(fig.frames) == 3 and fig.layout.sliders[0].active == 1
+    assert [f.name for f in fig.frames] == ["0.00", "0.50", "1.00"]
+    y = fig.frames[2].data[0].y                                # replay / seed at alpha = 1
+    assert list(y) == pytest.approx([spec.predict(units, "replay", "seed", k, profile=(1.0,) * k)["speedup"]
+                                     for k in (1, 2, 3, 4)], rel=1e-3)
+    assert list(fig.data[0].y) == list(fig.frames[1].data[0].y)
+
+
+def test_load_bench_and_edit_units(tmp_path, runs, units):
+    d = {"date": "2026-01-01", "device": "cpu",
+         "tiny": {"model": "tiny", "device": "cpu", "units": units.to_dict(),
+                  "runs": [_bench_row(r, units) for r in runs]}}
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(d))
+    b = widgets.load_bench(p)
+    assert b["section"] == "tiny" and b["units"].step_m == units.step_m and len(b["runs"]) == 3
+    assert len(widgets.hist_figure(b["runs"]).data) == 3
+    with pytest.raises(kestrel.KestrelError):
+        widgets.load_bench(p, section="large")
+    e = widgets.edit_units(units, step=2 * units.step, draft=3 * units.draft, mark=0.0)
+    assert e.step_m[3] == pytest.approx(2 * units.step_m[3]) and e.ckpt[2] == pytest.approx(2 * units.ckpt[2])
+    assert e.mtp[2] == pytest.approx(3 * units.mtp[2]) and e.mark == 0.0 and e.rollback == units.rollback
+
+
+# --------------------------------------------------------------------------- the live widgets
+
+def test_spec_replay_runs_round_by_round(tiny):
+    w = widgets.spec_replay(tiny, device="cpu", T=T, k=3, policy="replay", drafter="mtp-seed", min_interval=0)
+    app = w.app
+    assert w is app.widget and type(w).__name__ == "VBox"
+    seen = []
+    app.views["hist"].widget                                   # a FigureWidget (anywidget) or an Output
+    app.button.click()                                         # what pressing Run does
+    r = app.result
+    assert app.error is None and r is not None and r.bit_exact
+    assert r.greedy_ms is not None and r.summary()["speedup"] > 0
+    seen.append(app.views["hist"].updates)
+    assert seen[0] >= len(r.rounds)                            # redrawn every round (min_interval=0), and at the end
+    hist = app.views["hist"].figure
+    assert list(hist.data[0].y) == [spec.histogram(r.noks, 3)[n] for n in range(4)]
+    rounds = app.views["rounds"].figure
+    assert len(rounds.data[0].x) == len(r.rounds)
+    phase = app.views["phase"].figure
+    assert "tail" in [t.name for t in phase.data]
+    assert "bit-exact: <b>True</b>" in app.status.value and "×" in app.status.value
+    assert "[spec] rounds=" in app.log.value and "measured on" in app.log.value
+
+
+def test_spec_replay_controls(tiny):
+    w = widgets.spec_replay(device="cpu", T=T, min_interval=10.0)
+    app, c = w.app, w.app.controls
+    opts = list(c["model"].options)
+    assert opts[:3] == ["tiny", "test-a", "test-b"]
+    if not widgets._gpu("cpu"):
+        assert not any(o.startswith("qwen") for o in opts) and "need a CUDA GPU" in app.note.value
+    assert app.replay_box.layout.display == "none"
+    r1 = app.run()
+    assert app.error is None and r1.k == 3
+    n_models = len(widgets._MODELS)
+    c["k"].value, c["policy"].value = 2, "checkpoint"          # no reload: the cached Model is reused
+    r2 = app.run()
+    assert app.error is None and r2.k == 2 and r2.policy == "checkpoint" and len(widgets._MODELS) == n_models
+    assert app._model() is widgets.get_model("tiny", "cpu") is tiny
+    # the replay drafter: shown, pre-filled with the seed's histogram, fills from the last run
+    c["drafter"].value = "replay"
+    assert app.replay_box.layout.display == "" and c["hist"].value == spec.SEED_HIST_STR
+    c["k"].value, c["policy"].value = 3, "flex-replay"
+    r3 = app.run()
+    assert app.error is None and r3.drafter.startswith("replay[hist(0:24 1:6 2:11 3:4")
+    assert [x.requested for x in r3.rounds][:3] == [x.n_ok for x in r3.rounds][:3]
+    assert app.views["hist"].figure.data[-1].name.startswith("requested")
+    app._fill_hist()
+    assert spec.parse_hist(c["hist"].value) == spec.histogram(r3.noks, 3)
+    # a bad histogram is shown, not raised
+    c["hist"].value = "0:x"
+    assert app.run() is None and isinstance(app.error, kestrel.KestrelError) and "0:x" in app.status.value
+    # the random-weight test shape, its random starts
+    c["hist"].value, c["drafter"].value, c["model"].value = spec.SEED_HIST_STR, "mtp", "test-a"
+    assert "random" in c["start"].options[0][0]
+    r4 = app.run()
+    assert app.error is None and r4.model == "test-a" and r4.bit_exact
+
+
+def test_spec_replay_real_shapes_need_a_gpu():
+    if widgets._gpu("auto"):
+        pytest.skip("a GPU is present: the presets are offered")
+    w = widgets.spec_replay(model="qwen3.5-27b", device="auto", T=T)
+    assert w.app.controls["model"].value == "tiny" and "qwen3.5-27b" in w.app.note.value
+    assert widgets.model_choices("auto") == ["tiny", "test-a", "test-b"]
+
+
+def test_cost_explorer(units, runs):
+    w = widgets.cost_explorer(units, measured=runs, k=3, policy="replay", pairing="seed")
+    app, c = w.app, w.app.controls
+    n0 = app.views["surface"].updates
+    c["a1"].value = 0.95
+    c["k"].value = 2
+    c["policy"].value = "checkpoint"
+    assert app.views["surface"].updates == n0 + 3
+    fig = app.views["surface"].figure
+    assert fig.layout.title.text == "Predicted speedup: policy checkpoint, pairing seed"
+    prof = app.profile()
+    assert prof[0] == 0.95
+    pred = spec.predict(units, "checkpoint", "seed", 2, profile=prof)
+    assert f"{pred['speedup']:.3f}×" in app.table.value
+    c["step"].value = 2 * units.step                          # unit costs: the surface follows
+    u2 = app.units()
+    assert u2.step_m[2] == pytest.approx(2 * units.step_m[2])
+    pred2 = spec.predict(u2, "checkpoint", "seed", 2, profile=prof)
+    assert f"{pred2['speedup']:.3f}×" in app.table.value
+    app._reset()
+    assert app.units().step == pytest.approx(round(units.step, 6))
+    phase = app.views["phase"].figure
+    assert [t.name for t in phase.data if t.type == "bar"] == list(spec.PHASES)
+    assert list(phase.data[0].x) == list(spec.POLICIES)
+
+
+def test_cost_explorer_defaults_and_fallback_view(monkeypatch, capsys):
+    """unit_costs=None measures them on the tiny model; without a FigureWidget the figures are
+    redrawn into Output widgets through kestrel.plots.show."""
+    monkeypatch.setattr(widgets._FigView, "force_output", True)
+    w = widgets.cost_explorer(device="cpu", profile=[0.8, 0.5])
+    app = w.app
+    assert type(app.views["surface"].widget).__name__ == "Output"
+    assert app.profile() == (0.8, 0.5, 0.5, 0.5)
+    assert "measured now on tiny" in app.note.value
+    app.controls["pairing"].value = "mtp"
+    assert app.views["surface"].figure.layout.title.text.endswith("pairing mtp")
+    capsys.readouterr()
+
+
+def test_spec_replay_warmup_once_per_combination(tiny):
+    """warmup=True (the CUDA default): one untimed run per engine x policy x drafter, then none."""
+    w = widgets.spec_replay(tiny, device="cpu", T=8, k=2, policy="flex-replay", warmup=True, min_interval=10.0)
+    n = len(widgets._WARMED)
+    w.app.run()
+    assert len(widgets._WARMED) == n + 1
+    w.app.run()
+    assert len(widgets._WARMED) == n + 1
+    w.app.controls["policy"].value = "checkpoint"             # same engine, other plans: warmed again
+    w.app.run()
+    assert len(widgets._WARMED) == n + 2 and w.app.error is None
