@@ -70,13 +70,16 @@ def bundle(fig, *, include_json: bool = True) -> dict:
     _counter += 1
     div_id = f"kfig-{_counter}-{digest}"
     height = fig_json.get("layout", {}).get("height") or DEFAULT_HEIGHT
-    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id,
+    # auto_play=False: a figure with frames opens on its own data instead of animating on load
+    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id, auto_play=False,
                        config=_CONFIG, default_width="100%", default_height=f"{height}px",
                        validate=False)
     out = {"text/html": html, "text/plain": _summary(fig, fig_json)}
     if include_json:
-        out[PLOTLY_MIME] = {"data": fig_json.get("data", []),
-                            "layout": fig_json.get("layout", {}), "config": _CONFIG}
+        out[PLOTLY_MIME] = {"data": fig_json.get("data", []), "layout": fig_json.get("layout", {}),
+                            "config": _CONFIG}
+        if fig_json.get("frames"):
+            out[PLOTLY_MIME]["frames"] = fig_json["frames"]
     return out
 
 
@@ -159,30 +162,7 @@ def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
 
 
 # --------------------------------------------------------------------------- animations
-# (added for kestrel.widgets: replay_frames_figure, cost_explorer_static)
-
-def animated_bundle(fig, *, include_json: bool = True) -> dict:
-    """``bundle`` for a figure with frames (a slider / play button stepping through them):
-    the plotly mime payload carries the frames too (JupyterLab's plotly renderer adds them),
-    and the static HTML opens on the figure's own data instead of auto-playing on load."""
-    global _counter
-    fig_json = _figure_dict(fig)
-    digest = hashlib.sha1(json.dumps(fig_json, sort_keys=True).encode()).hexdigest()[:10]
-    _counter += 1
-    div_id = f"kfig-{_counter}-{digest}"
-    height = fig_json.get("layout", {}).get("height") or DEFAULT_HEIGHT
-    html = fig.to_html(include_plotlyjs=False, full_html=False, div_id=div_id, auto_play=False,
-                       config=_CONFIG, default_width="100%", default_height=f"{height}px",
-                       validate=False)
-    out = {"text/html": html, "text/plain": _summary(fig, fig_json)}
-    if include_json:
-        out[PLOTLY_MIME] = {"data": fig_json.get("data", []), "layout": fig_json.get("layout", {}),
-                            "frames": fig_json.get("frames", []), "config": _CONFIG}
-    return out
-
-
-def show_animated(fig, *, include_json: bool = True) -> None:
-    """``show`` for a figure with frames (see ``animated_bundle``)."""
-    from IPython.display import display
-
-    display(animated_bundle(fig, include_json=include_json), raw=True)
+# Figures with frames (kestrel.widgets.replay_frames_figure, cost_explorer_static): `bundle`
+# keeps their frames and does not auto-play, so `show` serves them too.
+animated_bundle = bundle
+show_animated = show
