@@ -401,3 +401,22 @@ def test_pdl_graphs_bit_exact():
     if not CUDABackend().pdl:
         pytest.skip("programmatic dependent launch is off (KESTREL_PDL=0 or a pre-Hopper GPU)")
     assert pdl_selftest()
+
+
+def test_tiny_six_starts_on_gpu_match_cpu_and_the_record():
+    """The embedded model in float32 on the GPU: the six starts' greedy streams equal the CPU's and
+    the completions transformers produced at training time. A flip would be reported with its
+    position and the CPU logit gap there."""
+    import json
+    gpu = kestrel.load("tiny", device="cuda")
+    cpu = kestrel.load("tiny", device="cpu")
+    record = json.loads((kestrel.ASSETS / "tiny" / "training_record.json").read_text())
+    for c in record["completions"]:
+        prompt = cpu.tokenizer.encode(c["start"])
+        g = kestrel.generate(gpu, prompt, 64)
+        if g != c["completion_bytes"]:
+            i = next(j for j, (a, b) in enumerate(zip(g, c["completion_bytes"])) if a != b)
+            lg = kestrel.Engine(cpu, max_seq=128).prefill(prompt + c["completion_bytes"][:i]).logits[-1]
+            top = np.sort(lg)[-2:]
+            pytest.fail(f"start {c['start']!r}: GPU stream leaves the record at byte {i} (CPU top-2 logit gap {top[1] - top[0]:.3g})")
+        assert kestrel.generate(cpu, prompt, 64) == g
