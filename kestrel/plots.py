@@ -143,6 +143,13 @@ def provenance(device: Any = None, when: _dt.datetime | None = None) -> dict:
     }
 
 
+def annotate_provenance(fig, line: str) -> None:
+    """Write a provenance line into a figure: small grey text above the plot area, right-aligned."""
+    fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=1.0,
+                       xanchor="right", yanchor="bottom", yshift=6, showarrow=False,
+                       font=dict(size=10, color="#777"))
+
+
 def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
           quiet: bool = False) -> str:
     """Print (and return) "measured on <device> at <date>".
@@ -153,9 +160,7 @@ def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
     p = provenance(device, when)
     line = f"measured on {p['device']} at {p['date']}"
     if fig is not None:
-        fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=1.0,
-                           xanchor="right", yanchor="bottom", yshift=6, showarrow=False,
-                           font=dict(size=10, color="#777"))
+        annotate_provenance(fig, line)
     if not quiet:
         print(line)
     return line

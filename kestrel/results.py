@@ -32,6 +32,6 @@ def provenance(d: dict) -> str:
 def annotate(fig, d: dict) -> str:
     """Write the results file's provenance into a figure (the static book shows it) and return it."""
     line = provenance(d)
-    fig.add_annotation(text=line.replace("`", ""), xref="paper", yref="paper", x=1.0, y=1.0, xanchor="right",
-                       yanchor="bottom", yshift=6, showarrow=False, font=dict(size=10, color="#777"))
+    from .plots import annotate_provenance
+    annotate_provenance(fig, line.replace("`", ""))
     return line
