@@ -16,16 +16,17 @@ through CuPy if a GPU is visible, else NumPy); ``device`` records the GPU if one
 visible (nvidia-smi or CuPy), else the CPU. A notebook that raises is left untouched on
 disk (unless --allow-errors) and the script exits non-zero.
 
-Runs without Jupyter itself. On a machine without it (the GPU box) carry these wheels
-(closure of `pip install nbclient nbformat ipykernel plotly ipywidgets`, Python 3.11):
+Runs without Jupyter itself. For a machine with neither Jupyter nor network access, carry
+these wheels in .whl/ (closure of `pip install nbclient nbformat ipykernel plotly ipywidgets`,
+Python 3.11; scripts/publish_gpu.sh installs them offline):
   nbclient nbformat jupyter_client jupyter_core ipykernel ipython comm debugpy
   matplotlib-inline nest-asyncio2 psutil pyzmq tornado traitlets platformdirs
   python-dateutil fastjsonschema jsonschema jsonschema-specifications referencing
   rpds-py attrs jedi parso pexpect ptyprocess prompt_toolkit wcwidth Pygments
   ipython_pygments_lexers stack-data asttokens executing pure_eval typing_extensions
   packaging tzdata  +  plotly narwhals  +  ipywidgets widgetsnbextension jupyterlab_widgets
-(pyzmq, rpds-py, psutil, tornado, debugpy are binary wheels: fetch them for the GPU
-machine's Python version/platform, e.g. `pip download --only-binary=:all:
+(pyzmq, rpds-py, psutil, tornado, debugpy are binary wheels: fetch them for the target's
+Python version/platform, e.g. `pip download --only-binary=:all:
 --python-version 3.11 --platform manylinux2014_x86_64 -d .whl ...`).
 """
 from __future__ import annotations

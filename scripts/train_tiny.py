@@ -17,12 +17,12 @@ Training stops by wall clock, then saves (checkpoint shards <= 16 MB each, resum
 teacher-forced acceptance on greedy streams, "E16"), and writes greedy completions of the
 six starts (kestrel/assets/tiny/starts.json).
 
-    # on the GPU machine (what produced kestrel/assets/tiny):
-    python3 scripts/train_tiny.py --out $OUT --minutes 7.5
+    # on a GPU (what produced kestrel/assets/tiny, on one H200):
+    python3 scripts/train_tiny.py --out OUTDIR --minutes 7.5
     # resume from a checkpoint folder (the files an earlier run wrote):
-    python3 scripts/train_tiny.py --out $OUT --resume path/to/previous/out --minutes 5
+    python3 scripts/train_tiny.py --out OUTDIR --resume path/to/previous/out --minutes 5
     # CPU smoke test:
-    python3 scripts/train_tiny.py --out /tmp/tt --device cpu --batch 2 --seq 64 --max-steps 3 --small-eval
+    python3 scripts/train_tiny.py --out _build/tiny-smoke --device cpu --batch 2 --seq 64 --max-steps 3 --small-eval
     # turn a training_record.json into TRAINING.md (+ samples.txt):
     python3 scripts/train_tiny.py --render kestrel/assets/tiny
 """
@@ -203,7 +203,7 @@ def heldout_eval(lm, mtp, held, T, max_windows, device, bs=64):
     n = min(max_windows, len(data) // T)
     wins = data[: n * T].view(n, T).long()
     s = dict(main_nll=0.0, main_n=0, main_hit=0, mtp_nll=0.0, mtp_n=0, mtp_hit=0, mtp_hit_main=0,
-             seed_hit=0, seed_n=0)
+             article_hit=0, article_n=0)
     with torch.no_grad():
         for a in range(0, n, bs):
             ids = wins[a:a + bs].to(device)
@@ -223,18 +223,18 @@ def heldout_eval(lm, mtp, held, T, max_windows, device, bs=64):
             s["mtp_hit"] += (am == ids[:, 2:]).sum().item()
             # vs the main model's own prediction of t_{i+2} (what speculative acceptance compares against)
             s["mtp_hit_main"] += (am == logits[:, 1:-1].float().argmax(-1)).sum().item()
-            # the seed's pairing (x = t_i, h = h_i) asked for t_{i+1}: not what the head was trained for
+            # the article pairing (x = t_i, h = h_i) asked for t_{i+1}: not what the head was trained for
             pos2 = torch.arange(T, device=device)
             e2 = lm.model.embed_tokens(ids)
             hs = mtp(e2, h, rope(lm, e2, pos2))
             ls = lm.lm_head(hs[:, :-1]).float()
-            s["seed_hit"] += (ls.argmax(-1) == ids[:, 1:]).sum().item()
-            s["seed_n"] += ls.shape[0] * ls.shape[1]
+            s["article_hit"] += (ls.argmax(-1) == ids[:, 1:]).sum().item()
+            s["article_n"] += ls.shape[0] * ls.shape[1]
     return dict(windows=n, window_bytes=T, bytes_scored_main=s["main_n"],
                 main_bpb=s["main_nll"] / s["main_n"] / LN2, main_top1=s["main_hit"] / s["main_n"],
                 mtp_bpb=s["mtp_nll"] / s["mtp_n"] / LN2, mtp_hit_text=s["mtp_hit"] / s["mtp_n"],
                 mtp_hit_vs_main_argmax=s["mtp_hit_main"] / s["mtp_n"],
-                seed_pairing_hit_text=s["seed_hit"] / s["seed_n"])
+                article_pairing_hit_text=s["article_hit"] / s["article_n"])
 
 
 def greedy_nocache(lm, prompts, n_new):
@@ -411,7 +411,7 @@ def render(asset_dir):
     w(f"- parameters: {R['params']['total']:,} ({R['params']['main']:,} main + {R['params']['mtp']:,} MTP); "
       f"stored as {R['params']['stored_dtype']} ({R['params']['file_bytes']:,} bytes)\n")
     w("## Data\n")
-    w(f"CPython {d['python']} standard library `*.py` sources (`{d['stdlib']}` on the training machine; "
+    w(f"CPython {d['python']} standard library `*.py` sources (`{d['stdlib']}`, the stdlib of the Python that ran the training; "
       f"`site-packages`/`dist-packages` excluded): {d['files_total']} files, {d['files_train']} train "
       f"({d['bytes_train']:,} bytes), {d['files_heldout']} held out ({d['bytes_heldout']:,} bytes). "
       f"Split: {d['split']}. {d['joiner']}.\n")
@@ -440,7 +440,7 @@ def render(asset_dir):
         w(f"- MTP head (predicting t_(i+2) from t_(i+1), h_i): {ev['mtp_bpb']:.3f} bits/byte; "
           f"teacher-forced first-step hit rate **{ev['mtp_hit_text']:.3f}** against the text, "
           f"{ev['mtp_hit_vs_main_argmax']:.3f} against the main model's own argmax")
-        w(f"- the seed's pairing (x = t_i, h = h_i, asked for t_(i+1)): hit rate {ev['seed_pairing_hit_text']:.3f}\n")
+        w(f"- the article pairing (x = t_i, h = h_i, asked for t_(i+1)): hit rate {ev['article_pairing_hit_text']:.3f}\n")
     acc = R.get("chained_acceptance")
     if acc:
         w("## Teacher-forced acceptance of the chained MTP on greedy streams (E16)\n")
@@ -482,10 +482,21 @@ def render(asset_dir):
                 f.write("=== start: " + json.dumps(c["start"]) + "\n" + c["start"] + c["completion"] + "\n")
 
 
+def _shown(arg: str, args) -> str:
+    """An argument as the training record shows it: an output/resume folder outside the
+    repository is written as OUTDIR / RESUMEDIR (its path says nothing about the model)."""
+    inside = not os.path.isabs(arg) or os.path.abspath(arg).startswith(os.path.abspath(os.getcwd()) + os.sep)
+    if not inside and arg == args.out:
+        return "OUTDIR"
+    if not inside and arg == args.resume:
+        return "RESUMEDIR"
+    return arg
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/kestrel_tiny_out"))
+    ap.add_argument("--out", default="_build/tiny-train", help="output folder (checkpoint, record, logs)")
     ap.add_argument("--resume", default=None, help="folder with model.safetensors + ckpt_* of an earlier run")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--minutes", type=float, default=7.5, help="training wall-clock budget (this run)")
@@ -633,8 +644,7 @@ def main():
             device_name=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
             date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-            command="python3 " + " ".join([os.path.relpath(sys.argv[0])] + [
-                "$OUT" if os.environ.get("OUT") and a == os.environ["OUT"] else a for a in sys.argv[1:]]),
+            command="python3 " + " ".join([os.path.relpath(sys.argv[0])] + [_shown(a, args) for a in sys.argv[1:]]),
             steps=state["step"], batch=B, seq=T, tokens_seen=state["tokens"], lambda_mtp=args.lam,
             betas=list(betas), weight_decay=args.wd, grad_clip=1.0,
             lr_schedule=f"peak {args.lr:g}, linear warmup {args.warmup} steps, cosine over the wall-clock budget "
