@@ -1,20 +1,68 @@
 """Model configuration: one dataclass, Hugging Face config.json parsing, named presets.
 
-The model family is the Qwen3.5 dense text model (SPEC §2): a stack of Gated DeltaNet
+The model family is the Qwen3.5 dense text model: a stack of Gated DeltaNet
 ("linear_attention") and gated full-attention layers, plus an optional MTP head.
+
+Every value kestrel reads has a type and a range, checked twice: by `from_hf` against the
+JSON (messages name the JSON key and its value; a JSON boolean where a flag is expected, a
+JSON integer where a size is expected, nothing coerced), and by `Config.validate`, which
+every Config runs when it is built (presets, hand-built configs, `replace`), naming the
+field. Keys that would change the computation but that kestrel does not implement are
+refused by name rather than ignored.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass, field
+import math
+import numbers
+from dataclasses import dataclass
 from pathlib import Path
 
+from .confined import model_root, parse_json, read_member
+from .errors import ConfigError
+
 LAYER_TYPES = ("linear_attention", "full_attention")
+MAX_SIZE = 2 ** 31 - 1          # every size and count fits a signed 32-bit index
+CONFIG_MAX_BYTES = 16 << 20     # a config.json is a few KiB; refuse anything absurd before parsing it
+
+# Config field -> the config.json key it comes from (messages name both).
+HF_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size", "lin_num_key_heads": "linear_num_key_heads",
+    "lin_num_value_heads": "linear_num_value_heads", "lin_key_head_dim": "linear_key_head_dim",
+    "lin_value_head_dim": "linear_value_head_dim", "conv_kernel": "linear_conv_kernel_dim",
+    "layer_types": "layer_types", "rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_parameters.rope_theta",
+    "partial_rotary_factor": "rope_parameters.partial_rotary_factor",
+    "tie_word_embeddings": "tie_word_embeddings", "mtp_layers": "mtp_num_hidden_layers",
+    "max_position_embeddings": "max_position_embeddings",
+}
+# Integer fields: (lowest, highest) allowed value.
+_INT_RANGES = {
+    "vocab_size": (1, MAX_SIZE), "hidden_size": (1, MAX_SIZE), "num_layers": (1, MAX_SIZE),
+    "num_heads": (1, MAX_SIZE), "num_kv_heads": (1, MAX_SIZE), "head_dim": (1, MAX_SIZE),
+    "intermediate_size": (1, MAX_SIZE), "lin_num_key_heads": (1, MAX_SIZE), "lin_num_value_heads": (1, MAX_SIZE),
+    "lin_key_head_dim": (1, MAX_SIZE), "lin_value_head_dim": (1, MAX_SIZE), "conv_kernel": (2, MAX_SIZE),
+    "mtp_layers": (0, 1), "max_position_embeddings": (1, MAX_SIZE),
+}
 
 
-class ConfigError(ValueError):
-    """A config.json that kestrel cannot run faithfully."""
+def is_int(x) -> bool:
+    """An integer value: Python or NumPy ints; never a bool (True is not a size)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    """A real number: ints or floats (Python or NumPy); never a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _int_error(what: str, value, lo: int, hi: int) -> str:
+    if lo == 0 and hi == 1:
+        return f"{what} must be 0 or 1 (kestrel runs at most one MTP layer), got {value!r}"
+    if hi == MAX_SIZE:
+        return f"{what} must be an int >= {lo}, got {value!r}"
+    return f"{what} must be an int in [{lo}, {hi}], got {value!r}"
 
 
 @dataclass(frozen=True)
@@ -41,9 +89,27 @@ class Config:
     name: str = "custom"
 
     def __post_init__(self):
-        if not self.layer_types:
-            object.__setattr__(self, "layer_types", default_layer_types(self.num_layers, 4))
-        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        # Normalise what is unambiguous (NumPy ints -> int, NumPy floats -> float, list -> tuple)
+        # so the frozen fields hold plain Python values; everything else is validate()'s to refuse.
+        setf = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        if not isinstance(self.name, str):
+            raise ConfigError(f"config name must be a str, got {self.name!r}")
+        for f in _INT_RANGES:
+            v = getattr(self, f)
+            if is_int(v):
+                setf(f, int(v))
+        for f in ("rms_norm_eps", "rope_theta", "partial_rotary_factor"):
+            v = getattr(self, f)
+            if is_real(v):
+                setf(f, float(v))
+        if type(self.tie_word_embeddings).__name__ == "bool_":   # NumPy's bool
+            setf("tie_word_embeddings", bool(self.tie_word_embeddings))
+        lt = self.layer_types
+        if isinstance(lt, (str, bytes)) or not isinstance(lt, (tuple, list)):
+            raise self._error("layer_types", lt, "must be a list or tuple of layer type names")
+        if not lt and is_int(self.num_layers) and 1 <= self.num_layers <= MAX_SIZE:
+            lt = default_layer_types(self.num_layers, 4)
+        setf("layer_types", tuple(lt))
         self.validate()
 
     # ---- derived sizes -------------------------------------------------------------
@@ -65,7 +131,7 @@ class Config:
 
     @property
     def gdn_state_bytes(self) -> int:
-        """fp32 recurrent state S of every GDN layer: the seed's 'S = 149.6 MB' at 27B."""
+        """fp32 recurrent state S of every GDN layer: the article's 'S = 149.6 MB' at 27B."""
         nv, dk, dv = self.lin_num_value_heads, self.lin_key_head_dim, self.lin_value_head_dim
         return len(self.gdn_layers) * nv * dk * dv * 4
 
@@ -79,28 +145,47 @@ class Config:
         return n * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 
     def param_count(self, mtp: bool = True) -> int:
-        return sum(int_prod(s) for n, s in expected_shapes(self).items() if mtp or not n.startswith("mtp."))
+        from .program import param_count   # noqa: PLC0415 (the program module imports this one)
+        return param_count(self, mtp)
 
     # ---- checks ---------------------------------------------------------------------
+    def _error(self, field_name: str, value, msg: str) -> ConfigError:
+        key = HF_KEYS.get(field_name, field_name)
+        where = field_name if key == field_name else f"{field_name} ({key})"
+        return ConfigError(f"config {self.name!r}: {where}={value!r} {msg}")
+
     def validate(self):
-        def need(cond, msg):
-            if not cond:
-                raise ConfigError(f"config {self.name!r}: {msg}")
-        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "lin_num_key_heads", "lin_num_value_heads", "lin_key_head_dim",
-                  "lin_value_head_dim", "conv_kernel"):
-            need(isinstance(getattr(self, f), int) and getattr(self, f) > 0, f"{f} must be a positive int, got {getattr(self, f)!r}")
-        need(len(self.layer_types) == self.num_layers,
-             f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
-        bad = [t for t in self.layer_types if t not in LAYER_TYPES]
-        need(not bad, f"unknown layer type(s) {sorted(set(bad))}; known: {LAYER_TYPES}")
-        need(self.num_heads % self.num_kv_heads == 0, f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
-        need(self.lin_num_value_heads % self.lin_num_key_heads == 0,
-             f"linear_num_value_heads {self.lin_num_value_heads} not a multiple of linear_num_key_heads {self.lin_num_key_heads}")
-        need(self.rot_dim % 2 == 0 and 0 < self.rot_dim <= self.head_dim,
-             f"rotary dim int(head_dim*partial_rotary_factor) = {self.rot_dim} must be even and in (0, head_dim]")
-        need(self.conv_kernel >= 2, f"linear_conv_kernel_dim must be >= 2, got {self.conv_kernel}")
-        need(self.mtp_layers in (0, 1), f"mtp_num_hidden_layers must be 0 or 1 (kestrel runs one MTP layer), got {self.mtp_layers}")
+        """Types, ranges and the relations between fields. Raises ConfigError naming the field."""
+        for f, (lo, hi) in _INT_RANGES.items():
+            v = getattr(self, f)
+            if not (is_int(v) and lo <= v <= hi):
+                raise ConfigError(f"config {self.name!r}: " + _int_error(
+                    f if HF_KEYS[f] == f else f"{f} ({HF_KEYS[f]})", v, lo, hi))
+        for f in ("rms_norm_eps", "rope_theta"):
+            v = getattr(self, f)
+            if not (is_real(v) and math.isfinite(v) and v > 0):
+                raise self._error(f, v, "must be a finite number > 0")
+        prf = self.partial_rotary_factor
+        if not (is_real(prf) and math.isfinite(prf) and 0 < prf <= 1):
+            raise self._error("partial_rotary_factor", prf, "must be a number in (0, 1]")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise self._error("tie_word_embeddings", self.tie_word_embeddings, "must be a bool")
+        if len(self.layer_types) != self.num_layers:
+            raise self._error("layer_types", list(self.layer_types),
+                              f"has {len(self.layer_types)} entries for {self.num_layers} layers")
+        bad = [t for t in self.layer_types if not isinstance(t, str) or t not in LAYER_TYPES]
+        if bad:
+            raise self._error("layer_types", list(self.layer_types),
+                              f"has unknown layer type(s) {bad[:3]}; known: {list(LAYER_TYPES)}")
+        if self.num_heads % self.num_kv_heads:
+            raise self._error("num_heads", self.num_heads, f"is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.lin_num_value_heads % self.lin_num_key_heads:
+            raise self._error("lin_num_value_heads", self.lin_num_value_heads,
+                              f"is not a multiple of lin_num_key_heads={self.lin_num_key_heads}")
+        rot = self.rot_dim
+        if rot % 2 or not 0 < rot <= self.head_dim:
+            raise self._error("partial_rotary_factor", prf, f"gives rotary dim int(head_dim * factor) = {rot} "
+                              f"with head_dim={self.head_dim}; it must be even and > 0")
 
     # ---- HF config.json ------------------------------------------------------------
     def to_hf(self) -> dict:
@@ -143,118 +228,193 @@ def int_prod(shape) -> int:
 
 def default_layer_types(n: int, interval: int) -> tuple:
     """Layer i is full attention iff (i+1) % interval == 0 (Qwen3.5's rule absent layer_types)."""
+    if not (is_int(interval) and interval >= 1):
+        raise ConfigError(f"full_attention_interval must be an int >= 1, got {interval!r}")
     return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n))
 
 
-# Keys that change the computation but that kestrel does not implement: refuse, naming them.
+# Keys that change the computation but that kestrel does not implement: each maps to the
+# values that mean "not used" (the first is what kestrel implements). Compared by type and
+# value, so 0 does not pass for False nor 1 for True.
 _UNSUPPORTED = {
     "attention_bias": (False, None),
+    "mlp_bias": (False, None),
     "hidden_act": ("silu", None),
     "num_experts": (None, 0),
-    "rope_scaling": (None,),
+    "mlp_only_layers": (None, []),
+    "rope_scaling": (None, {}),          # transformers lets a non-empty rope_scaling override rope_parameters
     "use_sliding_window": (False, None),
+    "attn_output_gate": (True, None),    # kestrel's attention is always output-gated
+    "mtp_use_dedicated_embeddings": (False, None),
+    "quantization_config": (None,),
+    "dual_chunk_attention_config": (None,),
+    "final_logit_softcapping": (None,),
+    "attn_logit_softcapping": (None,),
 }
+# rope_parameters keys kestrel understands. mrope_section/mrope_interleaved split the rotary
+# channels between (time, height, width) positions; for text all three positions are the
+# token index, so M-RoPE computes exactly the 1-D RoPE kestrel runs.
+_ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+_MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+_DEFAULT_ROPE_THETA = 10000.0   # what transformers assumes when a config names none
+_DEFAULT_HEAD_DIM = 256         # transformers' Qwen3.5 default
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b
 
 
 def from_hf(cfg: dict, name: str = "hf") -> Config:
-    """Parse a Qwen3.5 config.json (flat text config, or nested under `text_config`)."""
+    """Parse a Qwen3.5 config.json (flat text config, or nested under `text_config`).
+
+    Every failure is a ConfigError naming the key and its value."""
     if not isinstance(cfg, dict):
         raise ConfigError(f"config must be a JSON object, got {type(cfg).__name__}")
-    top_type = cfg.get("model_type")
+    top, where = cfg, ""
     if "text_config" in cfg:
-        cfg = dict(cfg["text_config"])
-    mt = cfg.get("model_type", top_type)
-    if mt is not None and mt not in ("qwen3_5", "qwen3_5_text"):
-        raise ConfigError(f"model_type {mt!r} is not a Qwen3.5 dense text model (qwen3_5 / qwen3_5_text)")
-    for key, ok in _UNSUPPORTED.items():
-        if key in cfg and cfg[key] not in ok:
-            raise ConfigError(f"config key {key}={cfg[key]!r} is not supported (kestrel implements {ok[0]!r})")
-    rope = cfg.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "mrope"):
-        raise ConfigError(f"rope_parameters.rope_type={rope_type!r} is not supported (only default 1-D RoPE)")
+        if not isinstance(cfg["text_config"], dict):
+            raise ConfigError(f"config key text_config={cfg['text_config']!r} must be a JSON object")
+        top_type = cfg.get("model_type")
+        if top_type is not None and not _same(top_type, "qwen3_5"):
+            raise ConfigError(f"config key model_type={top_type!r} is not a Qwen3.5 model (qwen3_5 with a text_config)")
+        cfg, where = cfg["text_config"], "text_config."
 
-    def get(key, default=None, required=True):
-        if key in cfg:
-            return cfg[key]
-        if required and default is None:
-            raise ConfigError(f"config.json lacks required key {key!r}")
-        return default
+    def fail(key, msg):
+        return ConfigError(f"config key {where}{key}={cfg[key]!r} {msg}")
 
-    n_layers = int(get("num_hidden_layers"))
-    if cfg.get("layer_types") is not None:
-        layer_types = tuple(cfg["layer_types"])
+    for d, prefix in ((top, ""), (cfg, where)) if cfg is not top else ((cfg, ""),):
+        for key, ok in _UNSUPPORTED.items():
+            if key in d and not any(_same(d[key], o) for o in ok):
+                raise ConfigError(f"config key {prefix}{key}={d[key]!r} is not supported "
+                                  f"(kestrel implements {key}={ok[0]!r})")
+    mt = cfg.get("model_type", top.get("model_type"))
+    if mt is not None and not (isinstance(mt, str) and mt in _MODEL_TYPES):
+        raise ConfigError(f"config key {where}model_type={mt!r} is not a Qwen3.5 dense text model "
+                          f"({' / '.join(_MODEL_TYPES)})")
+
+    def integer(key, default=None, lo=1, hi=MAX_SIZE):
+        if key not in cfg:
+            if default is None:
+                raise ConfigError(f"config lacks required key {where}{key!r}")
+            return default
+        v = cfg[key]
+        if not (is_int(v) and lo <= v <= hi):
+            raise ConfigError(f"config key {where}" + _int_error(key, v, lo, hi))
+        return int(v)
+
+    def positive_real(d, key, default, label=None):
+        if key not in d:
+            return default
+        v = d[key]
+        if not (is_real(v) and math.isfinite(v) and v > 0):
+            raise ConfigError(f"config key {label or where + key}={v!r} must be a finite number > 0")
+        return float(v)
+
+    def flag(d, key, default, label):
+        if key not in d:
+            return default
+        v = d[key]
+        if not isinstance(v, bool):
+            raise ConfigError(f"config key {label}={v!r} must be a JSON boolean (true or false)")
+        return v
+
+    n_layers = integer("num_hidden_layers")
+    interval = integer("full_attention_interval", 4)  # checked even when layer_types makes it unused
+    lt = cfg.get("layer_types")
+    if lt is None:
+        layer_types = default_layer_types(n_layers, interval)
     else:
-        layer_types = default_layer_types(n_layers, int(cfg.get("full_attention_interval", 4)))
-    hidden = int(get("hidden_size"))
-    nh = int(get("num_attention_heads"))
+        if not isinstance(lt, list):
+            raise fail("layer_types", "must be a list of layer type names")
+        bad = [t for t in lt if not (isinstance(t, str) and t in LAYER_TYPES)]
+        if bad:
+            raise fail("layer_types", f"has unknown layer type(s) {bad[:3]}; known: {list(LAYER_TYPES)}")
+        if len(lt) != n_layers:
+            raise fail("layer_types", f"has {len(lt)} entries for num_hidden_layers={n_layers}")
+        layer_types = tuple(lt)
+
+    rope = cfg.get("rope_parameters")
+    if rope is None:
+        rope = {}
+    elif not isinstance(rope, dict):
+        raise fail("rope_parameters", "must be a JSON object")
+    unknown = sorted(set(rope) - set(_ROPE_KEYS))
+    if unknown:
+        raise ConfigError(f"config key {where}rope_parameters.{unknown[0]}={rope[unknown[0]]!r} is not supported "
+                          f"(kestrel understands rope_parameters keys {list(_ROPE_KEYS)})")
+    for k in ("rope_type", "type"):
+        if k in rope and not (isinstance(rope[k], str) and rope[k] in ("default", "mrope")):
+            raise ConfigError(f"config key {where}rope_parameters.{k}={rope[k]!r} is not supported "
+                              f"(only default 1-D RoPE, or M-RoPE on text)")
+    rope_theta = positive_real(rope, "rope_theta", None, f"{where}rope_parameters.rope_theta")
+    if rope_theta is None:
+        rope_theta = positive_real(cfg, "rope_theta", _DEFAULT_ROPE_THETA)
+    if "partial_rotary_factor" in rope:
+        prf_key, prf = f"{where}rope_parameters.partial_rotary_factor", rope["partial_rotary_factor"]
+    else:
+        prf_key, prf = f"{where}partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)
+    if not (is_real(prf) and math.isfinite(prf) and 0 < prf <= 1):
+        raise ConfigError(f"config key {prf_key}={prf!r} must be a number in (0, 1]")
+
+    tie = flag(cfg, "tie_word_embeddings", None, f"{where}tie_word_embeddings")
+    if top is not cfg:  # the multimodal wrapper's own flag governs its lm_head
+        tie_top = flag(top, "tie_word_embeddings", None, "tie_word_embeddings")
+        if tie is not None and tie_top is not None and tie != tie_top:
+            raise ConfigError(f"config keys tie_word_embeddings={tie_top!r} and text_config.tie_word_embeddings="
+                              f"{tie!r} disagree")
+        tie = tie if tie is not None else tie_top
+    tie = bool(tie)
+
+    hidden = integer("hidden_size")
+    nh = integer("num_attention_heads")
+    nkv = integer("num_key_value_heads")
+    head_dim = integer("head_dim", _DEFAULT_HEAD_DIM)
+    nk, nv = integer("linear_num_key_heads"), integer("linear_num_value_heads")
+    if nh % nkv:
+        raise fail("num_attention_heads", f"is not a multiple of num_key_value_heads={nkv}")
+    if nv % nk:
+        raise fail("linear_num_value_heads", f"is not a multiple of linear_num_key_heads={nk}")
+    rot = int(head_dim * prf)
+    if rot % 2 or rot <= 0:
+        raise ConfigError(f"config key {prf_key}={prf!r} gives rotary dim int(head_dim * factor) = {rot} "
+                          f"with head_dim={head_dim}; it must be even and > 0")
+    eps = positive_real(cfg, "rms_norm_eps", 1e-6)
     return Config(
-        vocab_size=int(get("vocab_size")),
+        vocab_size=integer("vocab_size"),
         hidden_size=hidden,
         num_layers=n_layers,
         num_heads=nh,
-        num_kv_heads=int(get("num_key_value_heads")),
-        head_dim=int(cfg.get("head_dim") or hidden // nh),
-        intermediate_size=int(get("intermediate_size")),
-        lin_num_key_heads=int(get("linear_num_key_heads")),
-        lin_num_value_heads=int(get("linear_num_value_heads")),
-        lin_key_head_dim=int(get("linear_key_head_dim")),
-        lin_value_head_dim=int(get("linear_value_head_dim")),
-        conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
+        num_kv_heads=nkv,
+        head_dim=head_dim,
+        intermediate_size=integer("intermediate_size"),
+        lin_num_key_heads=nk,
+        lin_num_value_heads=nv,
+        lin_key_head_dim=integer("linear_key_head_dim"),
+        lin_value_head_dim=integer("linear_value_head_dim"),
+        conv_kernel=integer("linear_conv_kernel_dim", 4, lo=2),
         layer_types=layer_types,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1e7))),
-        partial_rotary_factor=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        mtp_layers=int(cfg.get("mtp_num_hidden_layers", 0)),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        rms_norm_eps=eps,
+        rope_theta=rope_theta,
+        partial_rotary_factor=float(prf),
+        tie_word_embeddings=tie,
+        mtp_layers=integer("mtp_num_hidden_layers", 0, lo=0, hi=1),
+        max_position_embeddings=integer("max_position_embeddings", 32768),
         name=name,
     )
 
 
 def load_config(path) -> Config:
+    """Config from a model directory (its config.json) or from a config file's path.
+
+    The file must be a regular file inside its directory (see kestrel.confined)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "config.json"
-    if not p.exists():
-        raise FileNotFoundError(f"no config.json at {p}")
-    return from_hf(json.loads(p.read_text()), name=p.parent.name)
-
-
-def expected_shapes(cfg: Config) -> dict:
-    """Canonical tensor names (no 'model.' prefix) -> shape, for the whole checkpoint."""
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    nk, nv, dk, dv, K = cfg.lin_num_key_heads, cfg.lin_num_value_heads, cfg.lin_key_head_dim, cfg.lin_value_head_dim, cfg.conv_kernel
-    C = cfg.conv_dim
-
-    def layer(prefix, kind):
-        s = {f"{prefix}.input_layernorm.weight": (H,), f"{prefix}.post_attention_layernorm.weight": (H,),
-             f"{prefix}.mlp.gate_proj.weight": (I, H), f"{prefix}.mlp.up_proj.weight": (I, H),
-             f"{prefix}.mlp.down_proj.weight": (H, I)}
-        if kind == "linear_attention":
-            a = f"{prefix}.linear_attn"
-            s.update({f"{a}.in_proj_qkv.weight": (C, H), f"{a}.in_proj_z.weight": (nv * dv, H),
-                      f"{a}.in_proj_b.weight": (nv, H), f"{a}.in_proj_a.weight": (nv, H),
-                      f"{a}.conv1d.weight": (C, 1, K), f"{a}.A_log": (nv,), f"{a}.dt_bias": (nv,),
-                      f"{a}.norm.weight": (dv,), f"{a}.out_proj.weight": (H, nv * dv)})
-        else:
-            a = f"{prefix}.self_attn"
-            s.update({f"{a}.q_proj.weight": (nh * hd * 2, H), f"{a}.k_proj.weight": (nkv * hd, H),
-                      f"{a}.v_proj.weight": (nkv * hd, H), f"{a}.o_proj.weight": (H, nh * hd),
-                      f"{a}.q_norm.weight": (hd,), f"{a}.k_norm.weight": (hd,)})
-        return s
-
-    shapes = {"embed_tokens.weight": (cfg.vocab_size, H), "norm.weight": (H,)}
-    for i, t in enumerate(cfg.layer_types):
-        shapes.update(layer(f"layers.{i}", t))
-    if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, H)
-    if cfg.mtp_layers:
-        shapes.update({"mtp.fc.weight": (H, 2 * H), "mtp.pre_fc_norm_embedding.weight": (H,),
-                       "mtp.pre_fc_norm_hidden.weight": (H,), "mtp.norm.weight": (H,)})
-        shapes.update(layer("mtp.layers.0", "full_attention"))
-    return shapes
+        root, fname, label = model_root(p), "config.json", p.name
+    else:
+        root, fname, label = model_root(p.parent), p.name, p.parent.name
+    raw = read_member(root, fname, "config", CONFIG_MAX_BYTES)
+    d = parse_json(raw, str(root / fname), error=ConfigError)
+    return from_hf(d, name=label or root.name)
 
 
 # ---- named presets ------------------------------------------------------------------
@@ -267,7 +427,7 @@ def _qwen(name, H, L, nh, nkv, inter, nk, nv, tie):
 
 
 PRESETS: dict[str, Config] = {
-    # Reference shapes of SPEC §2 (weights are random; generated on the device).
+    # Reference shapes of the Qwen3.5 family (weights are random; generated on the device).
     "qwen3.5-0.8b": _qwen("qwen3.5-0.8b", 1024, 24, 8, 2, 3584, 16, 16, True),
     "qwen3.5-4b": _qwen("qwen3.5-4b", 2560, 32, 16, 4, 9216, 16, 32, True),
     "qwen3.5-9b": _qwen("qwen3.5-9b", 4096, 32, 16, 4, 12288, 16, 32, False),
@@ -286,8 +446,12 @@ PRESETS: dict[str, Config] = {
 }
 
 
+class UnknownPresetError(ConfigError, KeyError):
+    """A preset name kestrel does not know (also a KeyError, as a failed lookup always was)."""
+    __str__ = BaseException.__str__   # KeyError's own __str__ would quote the message
+
+
 def preset(name: str) -> Config:
-    try:
+    if isinstance(name, str) and name in PRESETS:
         return PRESETS[name]
-    except KeyError:
-        raise KeyError(f"unknown preset {name!r}; known: {sorted(PRESETS)}") from None
+    raise UnknownPresetError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")

@@ -1,8 +1,27 @@
-"""Exceptions: each names the problem; a call that raises leaves the engine unchanged (SPEC §9)."""
+"""Exceptions: each names the problem; a call that raises leaves the engine unchanged.
+
+Every error kestrel raises for bad input derives from `KestrelError`, so one
+`except kestrel.KestrelError` catches them all. `KestrelError` is a `ValueError`, so
+callers written against the older plain-ValueError behaviour keep working.
+"""
 
 
 class KestrelError(ValueError):
-    """Base class for kestrel's input errors."""
+    """Base class of every kestrel input error (a ValueError)."""
+
+
+class ConfigError(KestrelError):
+    """A model config kestrel cannot run faithfully: names the key and its value."""
+
+
+class CheckpointError(KestrelError):
+    """A checkpoint kestrel refuses to load: names the file and, where one is at fault, the tensor."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint directory, its config.json, or a file its index names does not exist.
+
+    Also a FileNotFoundError, so code that catches missing files that way keeps working."""
 
 
 class CursorError(KestrelError):
@@ -18,8 +37,13 @@ class SnapshotError(KestrelError):
 
 
 class TokenError(KestrelError):
-    """Token ids out of range, or wrongly shaped token/hidden inputs."""
+    """Token ids that are not integers or out of range, or hidden-state rows that are not finite
+    real floats of the expected shape."""
 
 
-class DeviceError(RuntimeError):
-    """device='cuda' without a usable GPU, or an unknown device."""
+class DeviceError(KestrelError, RuntimeError):
+    """device='cuda' without a usable GPU, or an unknown device.
+
+    A KestrelError like every other kestrel error (one base class to catch), and also a
+    RuntimeError, which it has always been: a missing GPU is a property of the machine rather
+    than of a value, and callers that catch RuntimeError for it keep working."""
