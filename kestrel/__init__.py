@@ -12,17 +12,18 @@ from pathlib import Path
 from .backend import get_backend
 from .config import PRESETS, Config, from_hf, preset
 from .engine import Engine, Step, generate
-from .errors import (BatchWidthError, CursorError, DeviceError, KestrelError, SnapshotError, TokenError)
+from .errors import (BatchWidthError, CheckpointError, ConfigError, CursorError, DeviceError, KestrelError,
+                     SnapshotError, TokenError)
 from .model import Model
 from .tokenizer import ByteTokenizer
-from .weights import CheckpointError, load_dir, random_weights
+from .weights import load_dir, random_weights
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 WEIGHT_DTYPES = ("fp32", "bf16")
 
 __all__ = ["load", "Engine", "Step", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
            "KestrelError", "CursorError", "BatchWidthError", "SnapshotError", "TokenError", "DeviceError",
-           "CheckpointError", "ByteTokenizer", "from_hf", "starts"]
+           "CheckpointError", "ConfigError", "ByteTokenizer", "from_hf", "starts"]
 
 
 def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: int = 0) -> Model:
@@ -48,7 +49,7 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
         if name_or_path == "tiny" and not (path / "config.json").exists():
             raise FileNotFoundError(f"the embedded tiny model is missing from {path}")
         cfg, tensors = load_dir(path)
-        model = Model(cfg, tensors, be, source=str(path), weight_dtype=dtype)
+        model = Model(cfg, tensors, be, source=str(path.resolve()), weight_dtype=dtype)  # the directory read
         if cfg.vocab_size == 256:
             tok = ByteTokenizer()
     model.tokenizer = tok
