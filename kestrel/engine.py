@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import inputs
 from .errors import BatchWidthError, CursorError, KestrelError, SnapshotError, TokenError
 from .model import LayerState, Model
 from .ops.linear import ROWS
@@ -55,17 +56,15 @@ class _Views:
 
 
 def _is_int(x) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+    return inputs.is_int(x)   # Python/NumPy ints, never bools (kestrel.inputs: one rule everywhere)
 
 
 class Engine:
     def __init__(self, model: Model, max_seq: int = 512, mmax: int = 3, batch: str = "flex"):
         if not isinstance(model, Model):
             raise KestrelError(f"Engine needs a kestrel Model (from kestrel.load), got {type(model).__name__}")
-        if not _is_int(max_seq) or max_seq < 1:
-            raise KestrelError(f"max_seq must be a positive int, got {max_seq!r}")
-        if not _is_int(mmax) or not 1 <= mmax <= ROWS:
-            raise KestrelError(f"mmax must be an int in [1, {ROWS}], got {mmax!r}")
+        max_seq = inputs.count(max_seq, "max_seq", 1, model.cfg.max_position_embeddings)
+        mmax = inputs.count(mmax, "mmax", 1, ROWS)
         if batch not in BATCH_MODES:
             raise KestrelError(f"batch must be one of {BATCH_MODES}, got {batch!r}")
         self.model, self.cfg, self.be = model, model.cfg, model.be
@@ -136,26 +135,7 @@ class Engine:
 
     # ---- validation (no state touched) ----------------------------------------------------
     def _tokens(self, tokens, what: str) -> np.ndarray:
-        if _is_int(tokens) or (isinstance(tokens, np.ndarray) and tokens.ndim == 0 and tokens.dtype.kind in "iu"):
-            arr = np.asarray([int(tokens)], dtype=np.int64)
-        else:
-            try:
-                arr = np.asarray(self.be.to_numpy(tokens) if hasattr(tokens, "__cuda_array_interface__") else tokens)
-            except Exception:
-                raise TokenError(f"{what}: tokens must be an int or a 1-D sequence of ints") from None
-            if arr.ndim != 1 or arr.size == 0:
-                raise TokenError(f"{what}: tokens must be a non-empty 1-D sequence of ints, got shape {arr.shape}")
-            if arr.dtype.kind not in "iu":
-                if arr.dtype == object and all(_is_int(t) for t in arr):
-                    arr = arr.astype(np.int64)
-                else:
-                    raise TokenError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
-            arr = arr.astype(np.int64)
-        V = self.cfg.vocab_size
-        bad = (arr < 0) | (arr >= V)
-        if bad.any():
-            raise TokenError(f"{what}: token id {int(arr[bad][0])} out of range [0, {V})")
-        return arr
+        return inputs.token_ids(tokens, self.cfg.vocab_size, what)
 
     def _check_pos(self, pos, m: int, cursor: int, what: str, cursor_name: str = "cursor"):
         if not _is_int(pos):
@@ -262,11 +242,8 @@ class Engine:
         single = _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
         toks = self._tokens(token, "mtp_step")
         m, D = len(toks), self.cfg.hidden_size
-        hid = hidden
-        shape = tuple(getattr(hid, "shape", np.shape(hid)))
         want = (D,) if single else (m, D)
-        if shape != want:
-            raise TokenError(f"mtp_step: hidden has shape {list(shape)}, expected {list(want)} for {m} token(s)")
+        hid = inputs.hidden_rows(hidden, want, "mtp_step: hidden", getattr(self.be, "xp", np))  # finite real floats
         self._check_pos(pos, m, self.mtp_len, "mtp_step", "MTP cursor")
         hid = self.be.asarray(hid).reshape(m, D)
         hp, lg = self.model.mtp_forward(toks, hid, pos, self.mtp_kc, self.mtp_vc)
@@ -311,10 +288,15 @@ class Engine:
 
 def generate(model: Model, prompt, n_tokens: int, max_seq: int | None = None) -> list:
     """Pure greedy decoding: the reference stream every speculative run must equal."""
-    prompt = list(prompt)
-    if not _is_int(n_tokens) or n_tokens < 0:
-        raise KestrelError(f"n_tokens must be a non-negative int, got {n_tokens!r}")
-    eng = Engine(model, max_seq=max_seq or len(prompt) + n_tokens, mmax=1, batch="flex")
+    if not isinstance(model, Model):
+        raise KestrelError(f"generate needs a kestrel Model (from kestrel.load), got {type(model).__name__}")
+    limit = model.cfg.max_position_embeddings      # every size is bounded by the model's positions
+    prompt = inputs.token_ids(prompt, model.cfg.vocab_size, "generate: prompt").tolist()
+    inputs.count(len(prompt), "generate: prompt length", 1, limit)
+    n_tokens = inputs.count(n_tokens, "generate: n_tokens", 0, limit - len(prompt))
+    need = len(prompt) + n_tokens
+    max_seq = need if max_seq is None else inputs.count(max_seq, "generate: max_seq", need, limit)
+    eng = Engine(model, max_seq=max_seq, mmax=1, batch="flex")
     logits = eng.prefill(prompt).logits[-1]
     out = []
     for i in range(n_tokens):
