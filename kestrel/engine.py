@@ -63,7 +63,8 @@ class Engine:
     def __init__(self, model: Model, max_seq: int = 512, mmax: int = 3, batch: str = "flex"):
         if not isinstance(model, Model):
             raise KestrelError(f"Engine needs a kestrel Model (from kestrel.load), got {type(model).__name__}")
-        max_seq = inputs.count(max_seq, "max_seq", 1, model.cfg.max_position_embeddings)
+        max_seq = inputs.count(max_seq, "max_seq", 1, model.cfg.max_position_embeddings,
+                                "the model's max_position_embeddings")
         mmax = inputs.count(mmax, "mmax", 1, ROWS)
         if batch not in BATCH_MODES:
             raise KestrelError(f"batch must be one of {BATCH_MODES}, got {batch!r}")
@@ -292,10 +293,11 @@ def generate(model: Model, prompt, n_tokens: int, max_seq: int | None = None) ->
         raise KestrelError(f"generate needs a kestrel Model (from kestrel.load), got {type(model).__name__}")
     limit = model.cfg.max_position_embeddings      # every size is bounded by the model's positions
     prompt = inputs.token_ids(prompt, model.cfg.vocab_size, "generate: prompt").tolist()
-    inputs.count(len(prompt), "generate: prompt length", 1, limit)
-    n_tokens = inputs.count(n_tokens, "generate: n_tokens", 0, limit - len(prompt))
+    inputs.count(len(prompt), "generate: prompt length", 1, limit, "max_position_embeddings")
+    n_tokens = inputs.count(n_tokens, "generate: n_tokens", 0, limit - len(prompt),
+                            "max_position_embeddings - prompt length")
     need = len(prompt) + n_tokens
-    max_seq = need if max_seq is None else inputs.count(max_seq, "generate: max_seq", need, limit)
+    max_seq = need if max_seq is None else inputs.count(max_seq, "generate: max_seq", need, limit, "max_position_embeddings")
     eng = Engine(model, max_seq=max_seq, mmax=1, batch="flex")
     logits = eng.prefill(prompt).logits[-1]
     out = []

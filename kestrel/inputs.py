@@ -133,15 +133,18 @@ def hidden_rows(x, shape: tuple, what: str, xp=np):
     return out
 
 
-def count(x, what: str, lo: int = 0, hi: int | None = None) -> int:
-    """A size or count: an int (Python or NumPy, never a bool) in [lo, hi] -> int."""
+def count(x, what: str, lo: int = 0, hi: int | None = None, bound: str | None = None) -> int:
+    """A size or count: an int (Python or NumPy, never a bool) in [lo, hi] -> int.
+
+    bound: where hi comes from, for the message (e.g. "the model's max_position_embeddings")."""
     if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iu":
         x = x[()]
+    rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if bound and hi is not None:
+        rng += f" ({hi} = {bound})"
     if not is_int(x):
-        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise KestrelError(f"{what} must be an int {rng}, got {x!r:.40} ({_kind(x)})")
     v = int(x)
     if v < lo or (hi is not None and v > hi):
-        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise KestrelError(f"{what} must be an int {rng}, got {v}")
     return v

@@ -347,6 +347,11 @@ def validate(cfg: Config, tensors: dict, need_mtp: bool | None = None):
     _check_finite(tensors)
 
 
+def _files(shards: list) -> str:
+    names = [s.name for s in shards]
+    return ", ".join(names) if len(names) <= 3 else f"{', '.join(names[:2])} and {len(names) - 2} more shards"
+
+
 def _plan(cfg: Config, root: Path, shards: list, weight_map: dict | None) -> dict:
     """canonical name -> (shard, disk key) of every tensor to read, checked against the
     index and the config from the headers alone."""
@@ -375,7 +380,8 @@ def _plan(cfg: Config, root: Path, shards: list, weight_map: dict | None) -> dic
         plan.pop("lm_head.weight", None)  # some exporters write the tied copy anyway; it is not read
     _check_layout(cfg, {n: s.entries[k].shape for n, (s, k) in plan.items()},
                   where={n: s.name for n, (s, _) in plan.items()}, keys={n: k for n, (_, k) in plan.items()},
-                  dtypes={n: s.entries[k].dtype for n, (s, k) in plan.items()}, source=f"checkpoint {root.name}")
+                  dtypes={n: s.entries[k].dtype for n, (s, k) in plan.items()},
+                  source=f"checkpoint {root.name} ({_files(shards)})")
     return plan
 
 

@@ -1,4 +1,4 @@
-"""Bad input (SPEC §9): a clear exception naming the problem, and the engine bit-identical after."""
+"""Bad input: a clear exception naming the problem, and the engine bit-identical after."""
 import json
 
 import numpy as np
@@ -32,42 +32,48 @@ def busy_engine(model, rng, batch="flex"):
     return e
 
 
+def fill_to_end(e):
+    """Valid calls up to max_seq (24), so the next position is one too far."""
+    for p in (9, 12, 15, 18, 21):
+        e.step_m(p, [1, 1, 1])
+    assert e.cursor == e.max_seq
+
+
+def hidden(e, rng, *shape):
+    return rng.standard_normal(shape or (e.cfg.hidden_size,)).astype(np.float32)
+
+
+# (name, setup run before the state is recorded, the bad call, the error, what its message says)
 CASES = [
-    ("token out of range", lambda e, V: e.step(9, V), kestrel.TokenError, "out of range"),
-    ("negative token", lambda e, V: e.step_m(9, [1, -1, 2]), kestrel.TokenError, "out of range"),
-    ("float token", lambda e, V: e.step(9, 1.5), kestrel.TokenError, "int"),
-    ("two tokens to step", lambda e, V: e.step(9, [1, 2]), kestrel.TokenError, "exactly one"),
-    ("empty batch", lambda e, V: e.step_m(9, []), kestrel.TokenError, "non-empty"),
-    ("double consumption", lambda e, V: e.step(8, 1), kestrel.CursorError, "double consumption"),
-    ("skipped position", lambda e, V: e.step(11, 1), kestrel.CursorError, "never consumed"),
-    ("past max_seq", lambda e, V: [e.step_m(p, [1, 1, 1]) for p in (9, 12, 15, 18)] and e.step_m(21, [1, 1, 1, 1][:3]) and e.step(24, 1),
-     kestrel.CursorError, "max_seq"),
-    ("position not an int", lambda e, V: e.step(9.0, 1), kestrel.CursorError, "int"),
-    ("batch too wide", lambda e, V: e.step_m(9, [1, 2, 3, 4]), kestrel.BatchWidthError, "mmax"),
-    ("prefill twice", lambda e, V: e.prefill([1, 2]), kestrel.CursorError, "reset"),
-    ("mtp position not at its cursor", lambda e, V: e.mtp_step(5, 1, np.zeros(e.cfg.hidden_size, np.float32)),
+    ("token out of range", None, lambda e, V, rng: e.step(9, V), kestrel.TokenError, "out of range"),
+    ("negative token", None, lambda e, V, rng: e.step_m(9, [1, -1, 2]), kestrel.TokenError, "out of range"),
+    ("float token", None, lambda e, V, rng: e.step(9, 1.5), kestrel.TokenError, "int"),
+    ("two tokens to step", None, lambda e, V, rng: e.step(9, [1, 2]), kestrel.TokenError, "exactly one"),
+    ("empty batch", None, lambda e, V, rng: e.step_m(9, []), kestrel.TokenError, "non-empty"),
+    ("double consumption", None, lambda e, V, rng: e.step(8, 1), kestrel.CursorError, "double consumption"),
+    ("skipped position", None, lambda e, V, rng: e.step(11, 1), kestrel.CursorError, "never consumed"),
+    ("past max_seq", fill_to_end, lambda e, V, rng: e.step(24, 1), kestrel.CursorError, "max_seq"),
+    ("position not an int", None, lambda e, V, rng: e.step(9.0, 1), kestrel.CursorError, "int"),
+    ("batch too wide", None, lambda e, V, rng: e.step_m(9, [1, 2, 3, 4]), kestrel.BatchWidthError, "mmax"),
+    ("prefill twice", None, lambda e, V, rng: e.prefill([1, 2]), kestrel.CursorError, "reset"),
+    ("mtp position not at its cursor", None, lambda e, V, rng: e.mtp_step(5, 1, hidden(e, rng)),
      kestrel.CursorError, "MTP cursor"),
-    ("mtp hidden misshapen", lambda e, V: e.mtp_step(6, [1, 2], np.zeros(e.cfg.hidden_size, np.float32)),
+    ("mtp hidden misshapen", None, lambda e, V, rng: e.mtp_step(6, [1, 2], hidden(e, rng)),
      kestrel.TokenError, "hidden has shape"),
-    ("truncate past the rows written", lambda e, V: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
-    ("truncate negative", lambda e, V: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
-    ("select without verify", lambda e, V: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),
+    ("truncate past the rows written", None, lambda e, V, rng: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
+    ("truncate negative", None, lambda e, V, rng: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
+    ("select without verify", None, lambda e, V, rng: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),
 ]
 
 
-@pytest.mark.parametrize("name,call,exc,match", CASES, ids=[c[0] for c in CASES])
-def test_bad_call_raises_and_leaves_state(model_a, rng, name, call, exc, match):
+@pytest.mark.parametrize("name,setup,call,exc,match", CASES, ids=[c[0] for c in CASES])
+def test_bad_call_raises_and_leaves_state(model_a, rng, name, setup, call, exc, match):
     e = busy_engine(model_a, rng)
-    if name == "past max_seq":  # fill up to the end first (valid calls), then one step too far
-        for p in (9, 12, 15, 18, 21):
-            e.step_m(p, [1, 1, 1])
-        before = e.snapshot_state()
-        with pytest.raises(exc, match=match):
-            e.step(24, 1)
-    else:
-        before = e.snapshot_state()
-        with pytest.raises(exc, match=match):
-            call(e, model_a.cfg.vocab_size)
+    if setup is not None:
+        setup(e)
+    before = e.snapshot_state()
+    with pytest.raises(exc, match=match):
+        call(e, model_a.cfg.vocab_size, rng)
     same_state(before, e.snapshot_state())
 
 

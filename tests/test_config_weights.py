@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import kestrel
-from kestrel.config import ConfigError, expected_shapes, from_hf
+from kestrel.config import ConfigError, from_hf
+from kestrel.program import expected_shapes
 from kestrel.weights import (CheckpointError, bf16_to_f32, f32_to_bf16, load_dir, random_weights, read_safetensors,
                              save_dir, write_safetensors)
 
@@ -51,7 +52,7 @@ def test_reference_presets_state_sizes():
     c27 = kestrel.preset("qwen3.5-27b")
     assert len(c27.gdn_layers) == 48 and len(c27.attn_layers) == 16
     assert c27.gdn_state_bytes == 48 * 48 * 128 * 128 * 4
-    # the seed's "S = 149.6 MB": S plus the conv history, in MiB
+    # the article's "S = 149.6 MB": S plus the conv history, in MiB
     assert round((c27.gdn_state_bytes + c27.conv_state_bytes) / 2 ** 20, 1) == 149.6
     for name, params in [("qwen3.5-0.8b", 0.75e9), ("qwen3.5-4b", 4.2e9), ("qwen3.5-9b", 8.9e9), ("qwen3.5-27b", 26.9e9)]:
         n = kestrel.preset(name).param_count(mtp=False)
