@@ -1,8 +1,8 @@
 // kernels/attention.cu: gated attention decode over a KV cache with a cursor, M rows at once
-// (NumPy twin: CPUBackend.attn_core in kestrel/backend.py + kestrel/ops/attention.py,
-//  kestrel/ops/rope.py, kestrel/ops/norm.py).
+// (NumPy twin and launchers:
+// kestrel/ops/attention.py, with kestrel/ops/rope.py and kestrel/ops/norm.py).
 //
-// Math     per row j at position p = ctrl[0] + j, query head i, kv head i / (nh / nkv):
+// Math     per row j at position p = ctrl[CTRL_POS] + j, query head i, kv head i / (nh / nkv):
 //            q = rope(rmsnorm_zc(q_raw, q_norm)), k = rope(rmsnorm_zc(k_raw, k_norm)), v = v_raw
 //            (zero-centred RMSNorm over hd; partial NeoX RoPE on the first 2·rh channels:
 //             (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), tables indexed by p - rope_row0)
@@ -13,9 +13,9 @@
 // Layout   q/gate: row j of [M, ldq], head i at columns i·2hd (query hd | gate hd);
 //          k, v: [M, ldk] / [M, ldv], kv head h at columns h·hd; caches [max_seq, nkv, hd];
 //          out [M, ldo], head i at columns i·hd; cos/sin [n_pos, rh].
-// Launch   attn_kv_append: grid (nkv, M), block 128, smem (hd + 32) floats.
-//          attn_decode:    grid (nh, M), block 256, smem (hd + 32 + L_max) floats; thread t
-//          scores cache rows t, t+256, ... (dot over hd in order, fmaf), block max/sum in fixed
+// Launch   attn_kv_append: grid (nkv, M), block KV_APPEND_THREADS, smem (hd + RED_FLOATS) floats.
+//          attn_decode:    grid (nh, M), block T = ATTN_DECODE_THREADS, smem (hd + RED_FLOATS + L_max)
+//          floats; thread t scores cache rows t, t+T, ... (dot over hd in order, fmaf), block max/sum in fixed
 //          order, then thread d accumulates Σ_l e_l V[l, d] in increasing l. Each (head, row)
 //          block is independent of M: row j is bit-identical whatever the batch width.
 #include "common.cuh"
@@ -41,7 +41,7 @@ __device__ __forceinline__ void norm_rope_head(const float* __restrict__ x, cons
     __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(128) attn_kv_append(
+extern "C" __global__ void __launch_bounds__(KV_APPEND_THREADS) attn_kv_append(
     const float* __restrict__ kin, int ldk, const float* __restrict__ vin, int ldv, const float* __restrict__ knw,
     const float* __restrict__ cosT, const float* __restrict__ sinT, int rope_row0, float* __restrict__ kc,
     float* __restrict__ vc, const int* __restrict__ ctrl, int nkv, int hd, int rh, float eps) {
@@ -51,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_kv_append(
     float* kb = sm;
     float* red = sm + hd;
     const int h = blockIdx.x, j = blockIdx.y;
-    const int p = ctrl[KS_CTRL_POS] + j;
+    const int p = ctrl[CTRL_POS] + j;
     const i64 crow = (i64)(p - rope_row0) * rh;
     norm_rope_head(kin + (i64)j * ldk + (i64)h * hd, knw, cosT + crow, sinT + crow, hd, rh, eps, kb, red);
     float* kr = kc + ((i64)p * nkv + h) * hd;
@@ -63,7 +63,7 @@ extern "C" __global__ void __launch_bounds__(128) attn_kv_append(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) attn_decode(
+extern "C" __global__ void __launch_bounds__(ATTN_DECODE_THREADS) attn_decode(
     const float* __restrict__ qin, int ldq, const float* __restrict__ qnw, const float* __restrict__ cosT,
     const float* __restrict__ sinT, int rope_row0, const float* __restrict__ kc, const float* __restrict__ vc,
     float* __restrict__ out, int ldo, const int* __restrict__ ctrl, int nh, int nkv, int hd, int rh, float eps,
@@ -73,9 +73,9 @@ extern "C" __global__ void __launch_bounds__(256) attn_decode(
     griddep_wait();
     float* qs = sm;
     float* red = sm + hd;
-    float* sc = red + 32;
+    float* sc = red + RED_FLOATS;
     const int i = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
-    const int p = ctrl[KS_CTRL_POS] + j, L = p + 1, kvh = i / (nh / nkv);
+    const int p = ctrl[CTRL_POS] + j, L = p + 1, kvh = i / (nh / nkv);
     const float* qr = qin + (i64)j * ldq + (i64)i * 2 * hd;
     const i64 crow = (i64)(p - rope_row0) * rh;
     norm_rope_head(qr, qnw, cosT + crow, sinT + crow, hd, rh, eps, qs, red);

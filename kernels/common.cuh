@@ -1,22 +1,24 @@
 // kernels/common.cuh: device helpers shared by every kestrel kernel (included by the .cu files;
-// kestrel/cuda.py pastes it in front of each source before NVRTC compiles it).
+// kestrel/cuda/launch.py pastes it in front of each source before NVRTC compiles it).
+//
+// Constants that Python must agree with (block sizes, the ctrl block's layout, epsilons) are
+// not written here: launch.py passes them as -D macros from the Python constants that the
+// launchers in kestrel/ops use, so each is written once.
 //
 // Conventions
 //   * Activations, norms, gates and all state are fp32, row-major. bf16 weights are raw uint16
 //     bits (value = bits << 16 read as fp32), rounded to nearest-even on the host.
 //   * Every reduction has one fixed order: per-thread partial sums over a strided index set,
 //     then a warp xor-butterfly, then the warps' partials added in warp order. A result never
-//     depends on how many rows a launch carries (SPEC §3, batch invariance).
-//   * kestrel/cuda.py compiles with --fmad=false, so a*b+c is a multiply then an add, exactly
+//     depends on how many rows a launch carries (batch invariance: row j of an M-row call is
+//     bit-identical to the same row alone).
+//   * kestrel/cuda/launch.py compiles with --fmad=false, so a*b+c is a multiply then an add, exactly
 //     as NumPy computes it; where a fused multiply-add is wanted, the code says fmaf.
 //   * ctrl: an int32 block in device memory that the host writes before each launch or CUDA
 //     graph replay, so one captured graph serves every position:
-//       ctrl[0] = position of row 0, ctrl[1] = live GDN state slot, ctrl[4 + j] = token of row j.
+//       ctrl[CTRL_POS] = position of row 0, ctrl[CTRL_SLOT] = live GDN state slot,
+//       ctrl[CTRL_TOK + j] = token of row j.
 #pragma once
-
-#define KS_CTRL_POS 0
-#define KS_CTRL_SLOT 1
-#define KS_CTRL_TOK 4
 
 typedef unsigned short bf16_t;
 typedef long long i64;
@@ -44,7 +46,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Block-wide sum (blockDim.x a multiple of 32), same value in every thread, fixed order.
-// red: >= 32 floats of shared memory; safe to call back to back.
+// red: RED_FLOATS (>= 32) floats of shared memory; safe to call back to back.
 __device__ __forceinline__ float block_sum(float v, float* red) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = warp_sum(v);

@@ -1,32 +1,31 @@
-// kernels/gdn.cu: Gated DeltaNet token steps for M rows in two launches (NumPy twin:
-// kestrel/ops/gdn.py, gdn_rows). State lives in a ring of slots: slot s of layer g starts at
-// ring + s·slot_stride; the live slot is ctrl[1] (mod nslots). checkpoint = 0: the live state
+// kernels/gdn.cu: Gated DeltaNet token steps for M rows in two launches (NumPy twin and
+// launchers: kestrel/ops/gdn.py). State lives in a ring of slots: slot s of layer g starts at
+// ring + s·slot_stride; the live slot is ctrl[CTRL_SLOT] (mod nslots). checkpoint = 0: the live state
 // is updated in place. checkpoint = 1: the state (and conv window) after row j goes to slot
 // (live + 1 + j) mod nslots, row j+1 starts from it, and the live slot is only read: the
-// engine's per-row checkpoints (SPEC §4, policy "checkpoint").
+// engine's per-row checkpoints (policy "checkpoint").
 //
 // gdn_conv    causal depthwise conv + SiLU, one thread per channel c of C = 2·nk·dk + nv·dv:
 //               window = [hist[c, 0..K-2] | qkv[j, c]];  x[j, c] = silu(Σ_i window[i] · w[c, i])
 //               (summed i = 0..K-1 in order, multiply then add, as NumPy does); hist <- window[1:].
 //             Layout: qkv [M, ldq] (columns 0..C-1), w [C, K], x [M, ldx], hist [C, K-1] per slot.
-//             Launch: grid ceil(C / 128), block 128; K <= 8.
+//             Launch: grid ceil(C / GDN_CONV_THREADS), block GDN_CONV_THREADS; K <= GDN_CONV_KMAX.
 // gdn_recur   one block per value head h (key head h / (nv/nk)), state S_h [dk, dv] fp32 held in
 //             shared memory across the M rows:
-//               q = l2norm(x_q) · dk^-1/2, k = l2norm(x_k), v = x_v   (l2norm: x · 1/sqrt(Σx² + 1e-6))
+//               q = l2norm(x_q) · dk^-1/2, k = l2norm(x_k), v = x_v   (l2norm: x · 1/sqrt(Σx² + GDN_L2_EPS))
 //               beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias)
 //               S *= exp(g);  delta = beta · (v - Sᵀk);  S += k ⊗ delta;  o = Sᵀq
 //               y = norm_w · (o · 1/sqrt(mean(o²) + eps)) · silu(z)        (plain-w gated norm)
 //             Layout: x [M, ldx] = conv output (q | k | v), z [M, ldz], b [M, ldb], a [M, lda],
 //             y [M, ldy], S [nv, dk, dv] per slot.
-//             Launch: grid nv, block 512, smem (dk·dv + 2dk + dv + 512 + 32) floats; thread t owns
-//             column t mod dv and the k-slice t / dv (k = slice, slice + KS, ...; KS = 512 / dv);
-//             column sums add the KS slices in order. dk, dv <= 512. Rows run in order inside
+//             Launch: grid nv, block T = GDN_RECUR_THREADS, smem (dk·dv + 2dk + dv + T + RED_FLOATS)
+//             floats (gdn_recur_smem in kestrel/ops/gdn.py); thread t owns column t mod dv and the
+//             k-slice t / dv (k = slice, slice + nslice, ...; nslice = T / dv); column sums add the
+//             nslice slices in order. dk, dv <= 512. Rows run in order inside
 //             the block, so row j's arithmetic is the same whatever M is.
 #include "common.cuh"
 
-#define KS_KMAX 8
-
-extern "C" __global__ void __launch_bounds__(128) gdn_conv(
+extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     const float* __restrict__ qkv, int ldq, const float* __restrict__ w, float* __restrict__ xo, int ldx,
     float* __restrict__ hist_ring, i64 slot_stride, int nslots, int checkpoint, const int* __restrict__ ctrl, int M,
     int C, int K) {
@@ -34,11 +33,11 @@ extern "C" __global__ void __launch_bounds__(128) gdn_conv(
     griddep_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const int slot = ctrl[KS_CTRL_SLOT];
+    const int slot = ctrl[CTRL_SLOT];
     float* hin = hist_ring + (i64)(slot % nslots) * slot_stride + (i64)c * (K - 1);
-    float win[KS_KMAX], wc[KS_KMAX];
+    float win[GDN_CONV_KMAX], wc[GDN_CONV_KMAX];
 #pragma unroll
-    for (int i = 0; i < KS_KMAX; ++i) {
+    for (int i = 0; i < GDN_CONV_KMAX; ++i) {
         win[i] = (i < K - 1) ? hin[i] : 0.0f;
         wc[i] = (i < K) ? w[(i64)c * K + i] : 0.0f;
     }
@@ -46,22 +45,22 @@ extern "C" __global__ void __launch_bounds__(128) gdn_conv(
         const float xin = qkv[(i64)j * ldq + c];
         float acc = ((K - 1 > 0) ? win[0] : xin) * wc[0];
 #pragma unroll
-        for (int i = 1; i < KS_KMAX; ++i)
+        for (int i = 1; i < GDN_CONV_KMAX; ++i)
             if (i < K) acc = acc + ((i < K - 1) ? win[i] : xin) * wc[i];
         xo[(i64)j * ldx + c] = silu_f(acc);
 #pragma unroll
-        for (int i = 0; i < KS_KMAX - 1; ++i)
+        for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
             if (i < K - 1) win[i] = (i + 1 < K - 1) ? win[i + 1] : xin;
         if (checkpoint) {
             float* hd = hist_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + (i64)c * (K - 1);
 #pragma unroll
-            for (int i = 0; i < KS_KMAX - 1; ++i)
+            for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
                 if (i < K - 1) hd[i] = win[i];
         }
     }
     if (!checkpoint) {
 #pragma unroll
-        for (int i = 0; i < KS_KMAX - 1; ++i)
+        for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
             if (i < K - 1) hin[i] = win[i];
     }
 }
@@ -87,7 +86,7 @@ __device__ __forceinline__ void copy_state(float* __restrict__ dst, const float*
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) gdn_recur(
+extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
     const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz, const float* __restrict__ b, int ldb,
     const float* __restrict__ a, int lda, const float* __restrict__ A_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring, i64 slot_stride,
@@ -100,39 +99,39 @@ extern "C" __global__ void __launch_bounds__(512, 1) gdn_recur(
     const int n = dk * dv;
     const int h = blockIdx.x, kh = h / (nv / nk), tid = threadIdx.x, nt = blockDim.x;
     float* S = sm;
-    float* qs = S + n;
-    float* ks = qs + dk;
-    float* vd = ks + dk;      // v, then delta
+    float* q_sh = S + n;
+    float* k_sh = q_sh + dk;
+    float* vd = k_sh + dk;      // v, then delta
     float* part = vd + dv;    // blockDim.x partial column sums
-    float* red = part + nt;   // 32
-    const int slot = ctrl[KS_CTRL_SLOT];
+    float* red = part + nt;   // RED_FLOATS
+    const int slot = ctrl[CTRL_SLOT];
     const i64 hoff = (i64)h * n;
     float* Sg = S_ring + (i64)(slot % nslots) * slot_stride + hoff;
     copy_state(S, Sg, n);
     const float decay = -expf(A_log[h]);
     const float dtb = dt_bias[h];
-    int KS = nt / dv;
-    if (KS > dk) KS = dk;
-    if (KS < 1) KS = 1;
+    int nslice = nt / dv;
+    if (nslice > dk) nslice = dk;
+    if (nslice < 1) nslice = 1;
     const int col = tid % dv, kslice = tid / dv;
-    const bool act = kslice < KS;
+    const bool act = kslice < nslice;
     __syncthreads();
     for (int j = 0; j < M; ++j) {
         const float* xr = xc + (i64)j * ldx;
         float sq = 0.0f, sk = 0.0f;
         for (int t = tid; t < dk; t += nt) {
             const float qv = xr[kh * dk + t], kv = xr[nk * dk + kh * dk + t];
-            qs[t] = qv;
-            ks[t] = kv;
+            q_sh[t] = qv;
+            k_sh[t] = kv;
             sq += qv * qv;
             sk += kv * kv;
         }
         for (int t = tid; t < dv; t += nt) vd[t] = xr[2 * nk * dk + h * dv + t];
-        const float iq = 1.0f / sqrtf(block_sum(sq, red) + 1e-6f);
-        const float ik = 1.0f / sqrtf(block_sum(sk, red) + 1e-6f);
+        const float iq = 1.0f / sqrtf(block_sum(sq, red) + GDN_L2_EPS);
+        const float ik = 1.0f / sqrtf(block_sum(sk, red) + GDN_L2_EPS);
         for (int t = tid; t < dk; t += nt) {
-            qs[t] = (qs[t] * iq) * qscale;
-            ks[t] = ks[t] * ik;
+            q_sh[t] = (q_sh[t] * iq) * qscale;
+            k_sh[t] = k_sh[t] * ik;
         }
         const float beta = sigmoid_f(b[(i64)j * ldb + h]);
         const float eg = expf(decay * softplus_f(a[(i64)j * lda + h] + dtb));
@@ -141,16 +140,16 @@ extern "C" __global__ void __launch_bounds__(512, 1) gdn_recur(
         float acc = 0.0f;
         if (act)
 #pragma unroll 4
-            for (int kk = kslice; kk < dk; kk += KS) {
+            for (int kk = kslice; kk < dk; kk += nslice) {
                 const float s = S[kk * dv + col] * eg;
                 S[kk * dv + col] = s;
-                acc += s * ks[kk];
+                acc += s * k_sh[kk];
             }
         part[tid] = acc;
         __syncthreads();
         if (tid < dv) {
             float km = part[tid];
-            for (int q2 = 1; q2 < KS; ++q2) km += part[q2 * dv + tid];
+            for (int q2 = 1; q2 < nslice; ++q2) km += part[q2 * dv + tid];
             vd[tid] = beta * (vd[tid] - km);
         }
         __syncthreads();
@@ -159,10 +158,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) gdn_recur(
         if (act) {
             const float dl = vd[col];
 #pragma unroll 4
-            for (int kk = kslice; kk < dk; kk += KS) {
-                const float s = S[kk * dv + col] + ks[kk] * dl;
+            for (int kk = kslice; kk < dk; kk += nslice) {
+                const float s = S[kk * dv + col] + k_sh[kk] * dl;
                 S[kk * dv + col] = s;
-                acc += s * qs[kk];
+                acc += s * q_sh[kk];
             }
         }
         part[tid] = acc;
@@ -170,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) gdn_recur(
         float o = 0.0f;
         if (tid < dv) {
             o = part[tid];
-            for (int q2 = 1; q2 < KS; ++q2) o += part[q2 * dv + tid];
+            for (int q2 = 1; q2 < nslice; ++q2) o += part[q2 * dv + tid];
         }
         const float so = block_sum(tid < dv ? o * o : 0.0f, red);   // barriers also publish S
         if (tid < dv) {

@@ -1,17 +1,17 @@
 // kernels/head.cu: token embedding, argmax over the vocabulary, and the bf16 rounding used
-// when random weights are drawn on the GPU (NumPy twins: CPUBackend.embed / .argmax in
-// kestrel/backend.py, f32_to_bf16 in kestrel/weights.py).
+// when random weights are drawn on the GPU (NumPy twins and launchers:
+// kestrel/ops/head.py; the host bf16 rounding is f32_to_bf16 in kestrel/weights.py).
 //
 // embed_*      y[m, :] = table[tok[m], :] widened to fp32. table [V, H] (bf16 bits or fp32),
 //              tok int32 [M] (in the ctrl block for graph replay), y [M, ldy].
-//              grid = M, block = 256.
+//              grid = M, block = EMBED_THREADS.
 // argmax_rows  out[r] = the smallest index of the largest value of x[r, :n] (NaN counts as
-//              largest, like numpy.argmax). grid = rows, block = 1024: thread t scans
-//              t, t+1024, ...; warps then block combine (max value, then smallest index).
-// f32_to_bf16  y[i] = bf16_rne(x[i] · scale), grid-stride, block 256.
+//              largest, like numpy.argmax). grid = rows, block T = ARGMAX_THREADS: thread t
+//              scans t, t+T, ...; warps then block combine (max value, then smallest index).
+// f32_to_bf16  y[i] = bf16_rne(x[i] · scale), grid-stride, block BF16_THREADS.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ tok,
+extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ tok,
                                                              float* __restrict__ y, int ldy, int H) {
     griddep_launch();
     griddep_wait();
@@ -20,7 +20,7 @@ extern "C" __global__ void __launch_bounds__(256) embed_bf16(const bf16_t* __res
     for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = bf16_to_f32(row[i]);
 }
 
-extern "C" __global__ void __launch_bounds__(256) embed_f32(const float* __restrict__ table, const int* __restrict__ tok,
+extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_f32(const float* __restrict__ table, const int* __restrict__ tok,
                                                             float* __restrict__ y, int ldy, int H) {
     griddep_launch();
     griddep_wait();
@@ -37,7 +37,7 @@ __device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {
     return i < bi;
 }
 
-extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ x, int ldx, int n,
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ x, int ldx, int n,
                                                                long long* __restrict__ out) {
     griddep_launch();
     griddep_wait();
@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows(const float* __re
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) f32_to_bf16(const float* __restrict__ x, float scale,
+extern "C" __global__ void __launch_bounds__(BF16_THREADS) f32_to_bf16(const float* __restrict__ x, float scale,
                                                               bf16_t* __restrict__ y, i64 n) {
     griddep_launch();
     griddep_wait();

@@ -1,13 +1,13 @@
-// kernels/linear.cu: dense projection for a few rows, y = x · Wᵀ (NumPy twin: kestrel/ops/linear.py).
+// kernels/linear.cu: dense projection for a few rows, y = x · Wᵀ (NumPy twin and launcher: kestrel/ops/linear.py).
 //
 // Math     y[m, n] = Σ_k W[n, k] · x[m, k], fp32 accumulation; W is bf16 (raw bits) or fp32.
 //          Epilogue EPI: 0 store y = s; 1 accumulate y = y + s (the residual add);
 //          2 SwiGLU over a stacked [gate; up] matrix: y[m, n] = silu(s_gate[n]) · s_up[n], where
 //          the up row of output n is physical row half + n.
 // Layout   W [N, ldw] row-major (k contiguous); x [M, ldx]; y [M, ldy]; all fp32 but W.
-// Launch   block = 128 threads = 4 warps. `ks` warps (1, 2 or 4, chosen from K alone) share
-//          the K range of one group of RL output rows; a block holds 4/ks such groups.
-//          grid = (ceil(N_out / (RL · 4/ks)), ceil(M / MT)). Each block reads its weight rows
+// Launch   block = LINEAR_THREADS = 128 threads = NW = 4 warps. `ksplit` warps (1, 2 or 4, chosen
+//          from K alone) share the K range of one group of RL output rows; a block holds
+//          NW/ksplit such groups. grid = (ceil(N_out / (RL · NW/ksplit)), ceil(M / MT)). Each block reads its weight rows
 //          once for all MT activation rows: one pass over W serves a whole verify batch, so
 //          M = 4 costs about what M = 1 costs when the weights dominate.
 //          VEC = elements per 16-byte weight load (8 bf16, 4 fp32), or 1 (scalar fallback for
@@ -15,11 +15,11 @@
 //          M = 1: MT = 1, RR = 4 rows per warp group; M = 2..4: MT = 4, RR = 4; wider: MT = 8, RR = 8.
 // PDL      the first weight chunk is loaded before griddep_wait(): under programmatic dependent
 //          launch a projection starts streaming its weights while the previous kernel finishes.
-// Order    lane l of warp w (of the ks) sums chunks c = 32w + l, 32w + l + 32ks, ... in
+// Order    lane l of warp w (of the ksplit) sums chunks c = 32w + l, 32w + l + 32·ksplit, ... in
 //          increasing c, the VEC elements of a chunk in order, with fmaf, separately for each
-//          row m; then a warp xor-butterfly; then the ks warps in index order. Nothing here
+//          row m; then a warp xor-butterfly; then the ksplit warps in index order. Nothing here
 //          depends on M, MT or RR, so row m of a launch is bit-identical to that row launched
-//          alone (SPEC §3 batch invariance), given the same K (hence ks and VEC).
+//          alone (batch invariance), given the same K (hence ksplit and VEC).
 #include "common.cuh"
 
 // element e of a 16-byte chunk (e is a compile-time constant after unrolling)
@@ -69,16 +69,17 @@ __device__ __forceinline__ void load_x(const float* __restrict__ x, float* xv) {
 
 template <bool BF16, int VEC, int MT, int RR, int EPI>
 __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, const float* __restrict__ X, int ldx,
-                                          float* __restrict__ Y, int ldy, int N, int K, int M, int half, int ks) {
+                                          float* __restrict__ Y, int ldy, int N, int K, int M, int half, int ksplit) {
     constexpr int RL = (EPI == 2) ? RR / 2 : RR;   // output rows per warp group
-    __shared__ float red[4][MT * RR];
+    constexpr int NW = LINEAR_THREADS / 32;
+    __shared__ float red[NW][MT * RR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int ngroups = 4 / ks, grp = warp / ks, wk = warp - grp * ks;
+    const int ngroups = NW / ksplit, grp = warp / ksplit, wk = warp - grp * ksplit;
     const int nbase = (blockIdx.x * ngroups + grp) * RL;
     const int m0 = blockIdx.y * MT;
     const int mc = min(MT, M - m0);
     const int nch = K / VEC;
-    const int stride = 32 * ks;
+    const int stride = 32 * ksplit;
 
     i64 roff[RR];
     bool rok[RR];
@@ -139,44 +140,44 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
         const int g = t / (MT * RL), rem = t - g * (MT * RL), m = rem / RL, r = rem - m * RL;
         const int l = (blockIdx.x * ngroups + g) * RL + r;
         if (m >= mc || l >= N) continue;
-        float s = red[g * ks][m * RR + r];
-        for (int q = 1; q < ks; ++q) s += red[g * ks + q][m * RR + r];
+        float s = red[g * ksplit][m * RR + r];
+        for (int q = 1; q < ksplit; ++q) s += red[g * ksplit + q][m * RR + r];
         float* yp = Y + (i64)(m0 + m) * ldy + l;
         if constexpr (EPI == 0) {
             *yp = s;
         } else if constexpr (EPI == 1) {
             *yp = *yp + s;
         } else {
-            float u = red[g * ks][m * RR + RL + r];
-            for (int q = 1; q < ks; ++q) u += red[g * ks + q][m * RR + RL + r];
+            float u = red[g * ksplit][m * RR + RL + r];
+            for (int q = 1; q < ksplit; ++q) u += red[g * ksplit + q][m * RR + RL + r];
             *yp = silu_f(s) * u;
         }
     }
 }
 
-#define KS_GEMV(NAME, BF16, VEC, MT, RR, EPI)                                                                        \
-    extern "C" __global__ void __launch_bounds__(128) NAME(const void* __restrict__ W, int ldw,                        \
+#define GEMV_KERNEL(NAME, BF16, VEC, MT, RR, EPI)                                                                        \
+    extern "C" __global__ void __launch_bounds__(LINEAR_THREADS) NAME(const void* __restrict__ W, int ldw,                        \
                                                              const float* __restrict__ X, int ldx,                    \
                                                              float* __restrict__ Y, int ldy, int N, int K, int M,     \
-                                                             int half, int ks) {                                      \
-        gemv_body<BF16, VEC, MT, RR, EPI>(W, ldw, X, ldx, Y, ldy, N, K, M, half, ks);                                 \
+                                                             int half, int ksplit) {                                      \
+        gemv_body<BF16, VEC, MT, RR, EPI>(W, ldw, X, ldx, Y, ldy, N, K, M, half, ksplit);                                 \
     }
 
-#define KS_GEMV_EPIS(P, BF16, VEC, MT, RR) \
-    KS_GEMV(P##_e0, BF16, VEC, MT, RR, 0)  \
-    KS_GEMV(P##_e1, BF16, VEC, MT, RR, 1)  \
-    KS_GEMV(P##_e2, BF16, VEC, MT, RR, 2)
+#define GEMV_KERNEL_EPIS(P, BF16, VEC, MT, RR) \
+    GEMV_KERNEL(P##_e0, BF16, VEC, MT, RR, 0)  \
+    GEMV_KERNEL(P##_e1, BF16, VEC, MT, RR, 1)  \
+    GEMV_KERNEL(P##_e2, BF16, VEC, MT, RR, 2)
 
 // vector paths: MT = 1 (one row: step), 4 (verify widths 2..4), 8 (wider batches, prefill chunks);
 // RR = 4 weight rows per warp group except for MT = 8 (more blocks, better balance on N = 5120)
-KS_GEMV_EPIS(gemv_bf16_v8_m1, true, 8, 1, 4)
-KS_GEMV_EPIS(gemv_bf16_v8_m4, true, 8, 4, 4)
-KS_GEMV_EPIS(gemv_bf16_v8_m8, true, 8, 8, 8)
-KS_GEMV_EPIS(gemv_f32_v4_m1, false, 4, 1, 4)
-KS_GEMV_EPIS(gemv_f32_v4_m4, false, 4, 4, 4)
-KS_GEMV_EPIS(gemv_f32_v4_m8, false, 4, 8, 8)
+GEMV_KERNEL_EPIS(gemv_bf16_v8_m1, true, 8, 1, 4)
+GEMV_KERNEL_EPIS(gemv_bf16_v8_m4, true, 8, 4, 4)
+GEMV_KERNEL_EPIS(gemv_bf16_v8_m8, true, 8, 8, 8)
+GEMV_KERNEL_EPIS(gemv_f32_v4_m1, false, 4, 1, 4)
+GEMV_KERNEL_EPIS(gemv_f32_v4_m4, false, 4, 4, 4)
+GEMV_KERNEL_EPIS(gemv_f32_v4_m8, false, 4, 8, 8)
 // scalar fallback (unaligned K): MT = 1 or 8
-KS_GEMV_EPIS(gemv_bf16_v1_m1, true, 1, 1, 4)
-KS_GEMV_EPIS(gemv_bf16_v1_m8, true, 1, 8, 8)
-KS_GEMV_EPIS(gemv_f32_v1_m1, false, 1, 1, 4)
-KS_GEMV_EPIS(gemv_f32_v1_m8, false, 1, 8, 8)
+GEMV_KERNEL_EPIS(gemv_bf16_v1_m1, true, 1, 1, 4)
+GEMV_KERNEL_EPIS(gemv_bf16_v1_m8, true, 1, 8, 8)
+GEMV_KERNEL_EPIS(gemv_f32_v1_m1, false, 1, 1, 4)
+GEMV_KERNEL_EPIS(gemv_f32_v1_m8, false, 1, 8, 8)

@@ -1,20 +1,20 @@
-// kernels/norm.cu: zero-centred RMSNorm (NumPy twin: kestrel/ops/norm.py, rmsnorm).
+// kernels/norm.cu: zero-centred RMSNorm (NumPy twin and launcher: kestrel/ops/norm.py).
 //
 // Math     y[r, i] = (x[r, i] · inv_r) · (1 + w[i]),  inv_r = 1 / sqrt(mean_i x[r, i]² + eps)   (fp32)
 //          (the plain-w gated norm inside GDN lives in gdn.cu; q/k norms in attention.cu).
 // Layout   x [rows, ldx], y [rows, ldy] (row strides let the MTP write both halves of its
 //          [embedding | hidden] concatenation in place), w [n]. y may not alias x.
-// Launch   grid = rows, block = 256 (a multiple of 32). Sum of squares: thread t sums
-//          i = t, t+256, ... in order, then block_sum (fixed order): independent of rows.
-//          Rows up to 32·256 = 8192 wide are loaded once into registers, all loads in flight
+// Launch   grid = rows, block T = NORM_THREADS (a multiple of 32). Sum of squares: thread t
+//          sums i = t, t+T, ... in order, then block_sum (fixed order): independent of rows.
+//          Rows up to NORM_PER · T (8192) wide are loaded once into registers, all loads in flight
 //          together (the row is latency-bound, not bandwidth-bound); wider rows loop.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(256) rmsnorm_zc(const float* __restrict__ x, int ldx,
+extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_zc(const float* __restrict__ x, int ldx,
                                                              const float* __restrict__ w, float* __restrict__ y,
                                                              int ldy, int n, float eps) {
-    constexpr int PER = 32;
-    __shared__ float red[32];
+    constexpr int PER = NORM_PER;
+    __shared__ float red[RED_FLOATS];
     griddep_launch();
     griddep_wait();
     const float* xr = x + (i64)blockIdx.x * ldx;

@@ -1,8 +1,10 @@
 """Backends: NumPy (CPU, the reference) or CuPy (CUDA, kernels/*.cu), chosen once per model.
 
-A backend is a small object whose methods are the ops the model calls. The CPU backend
-below calls the NumPy twins in kestrel/ops; kestrel/cuda.py implements the same methods
-with our kernels. Model and engine code never touch numpy/cupy directly for math.
+A backend runs a model's programs (kestrel/program.py) on the engine's DeviceState
+(kestrel/state.py) through one method, `run`. The CPU backend below executes each op through
+its NumPy twin in kestrel/ops; the CUDA backend (kestrel/cuda/) lowers the same program into
+a fused launch plan of the kernels in kernels/. Both also hold weights (`put_weight`), make
+zeroed buffers, time with their own clocks and argmax on their own arrays.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 from .errors import DeviceError
 from .weights import bf16_to_f32, f32_to_bf16
 from .ops import attention as _attn
+from .ops import head as _head
 from .ops import gdn as _gdn
 from .ops import linear as _linear
 from .ops import mlp as _mlp
@@ -40,6 +43,7 @@ class CPUBackend:
 
     def __init__(self):
         self.device_name = f"CPU ({platform.machine()}, NumPy {np.__version__})"
+        self._rope_cache = {}
         _single_threaded_blas()
 
     # ---- memory ---------------------------------------------------------------------
@@ -70,44 +74,74 @@ class CPUBackend:
     def elapsed_ms(self, a, b) -> float:
         return (b - a) * 1e3
 
-    # ---- ops --------------------------------------------------------------------------
-    def embed(self, table, tokens):
-        return table[np.asarray(tokens, dtype=np.int64)].astype(np.float32)
+    # ---- the program, op by op --------------------------------------------------------
+    def run(self, model, prog, st, tokens, pos: int, hid=None, checkpoint: bool = False):
+        """Execute `prog` (kestrel/program.py) over M rows at positions pos..pos+M-1 on the
+        engine's DeviceState `st`. Returns (hidden [M, D], logits [M, V])."""
+        env = {"tokens": np.asarray(tokens, dtype=np.int64)}
+        if hid is not None:
+            env["hid"] = np.ascontiguousarray(hid, dtype=np.float32)
+        self.execute(model, prog, prog.ops, env, st, pos, checkpoint)
+        return env[prog.hidden], env[prog.logits]
 
-    def linear(self, x, w):
-        return _linear.linear(x, w)
+    def execute(self, model, prog, ops, env: dict, st, pos: int, checkpoint: bool = False):
+        """Run `ops` (a slice of `prog`, e.g. one layer's mixer) on the buffers in `env`."""
+        for op in ops:
+            self._OPS[op.kind](self, model, prog, op, env, st, pos, checkpoint)
+        return env
 
-    def rmsnorm(self, x, w, eps):
-        return _norm.rmsnorm(x, w, eps)
+    def _embed(self, model, prog, op, env, st, pos, checkpoint):
+        env[op.dst] = _head.embed(model.w[op.weights[0].name], env[op.src])
 
-    def add(self, a, b):
-        return a + b
+    def _rmsnorm(self, model, prog, op, env, st, pos, checkpoint):
+        x = env[op.src]
+        y = _norm.rmsnorm(x, model.w[op.weights[0].name], model.cfg.rms_norm_eps)
+        width = prog.width(op.dst)
+        if width == y.shape[1]:
+            env[op.dst] = y
+            return
+        if op.col == 0:        # the first part of a concatenation
+            env[op.dst] = np.empty((x.shape[0], width), np.float32)
+        env[op.dst][:, op.col:op.col + y.shape[1]] = y
 
-    def swiglu(self, gate, up):
-        return _mlp.swiglu(gate, up)
+    def _linear(self, model, prog, op, env, st, pos, checkpoint):
+        x, w = env[op.src], model.w
+        parts = [_linear.linear(x, w[wt.name]) for wt in op.weights]   # each weight on its own (see program.py)
+        if op.epilogue == "swiglu":
+            env[op.dst] = _mlp.swiglu(*parts)
+            return
+        y = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        env[op.dst] = env[op.dst] + y if op.epilogue == "add" else y
 
-    def attn_core(self, qg, k, v, q_norm, k_norm, cos, sin, kc, vc, pos, eps, scale):
-        """qg [M, nh, 2hd] = [query | gate] per head; k/v [M, nkv, hd] raw projections.
-        q/k RMSNorm (zero-centred) -> partial RoPE -> append K/V at rows pos.. -> causal
-        attention over rows < pos+j+1 -> * sigmoid(gate). Returns [M, nh*hd]."""
-        M, nh, hd2 = qg.shape
-        hd = hd2 // 2
-        q = _rope.apply_rope(_norm.rmsnorm(qg[..., :hd], q_norm, eps), cos, sin)
-        k = _rope.apply_rope(_norm.rmsnorm(k, k_norm, eps), cos, sin)
-        kc[pos:pos + M] = k
-        vc[pos:pos + M] = v
-        o = _attn.attention_rows(q, kc, vc, pos, scale)
-        return o * _norm.sigmoid(np.ascontiguousarray(qg[..., hd:]).reshape(M, nh * hd))
+    def _gdn(self, model, prog, op, env, st, pos, checkpoint):
+        c, w = model.cfg, model.w
+        conv_w, A_log, dt_bias, norm_w = (w[wt.name] for wt in op.weights)
+        S, hist, S_to, hist_to = st.gdn_slots(op.state[1], env[op.src].shape[0], checkpoint)
+        env[op.dst] = _gdn.gdn_rows(_gdn.GDNShape.of(c), *_gdn.split_in_proj(c, env[op.src]),
+                                    conv_w.reshape(conv_w.shape[0], -1), A_log, dt_bias, norm_w, S, hist, S_to, hist_to)
 
-    def gdn_core(self, sh, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist, S_slots=None, hist_slots=None):
-        return _gdn.gdn_rows(sh, qkv, z, b, a, conv_w.reshape(conv_w.shape[0], -1), A_log, dt_bias, norm_w,
-                             S, hist, S_slots, hist_slots)
+    def _attention(self, model, prog, op, env, st, pos, checkpoint):
+        c, w = model.cfg, model.w
+        ain = env[op.src]
+        kc, vc = st.kv(op.state)
+        cos, sin = self._rope(c, pos + ain.shape[0])
+        qg, k, v = _attn.split_in_proj(ain, c.num_heads, c.num_kv_heads, c.head_dim)
+        env[op.dst] = _attn.attention_block(qg, k, v, w[op.weights[0].name], w[op.weights[1].name],
+                                            cos[pos:pos + ain.shape[0]], sin[pos:pos + ain.shape[0]], kc, vc, pos,
+                                            c.rms_norm_eps, c.head_dim ** -0.5)
+
+    _OPS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "gdn": _gdn, "attention": _attention}
+
+    def _rope(self, cfg, n: int):
+        key = (cfg.rot_dim, cfg.rope_theta)
+        t = self._rope_cache.get(key)
+        if t is None or t[0].shape[0] < n:
+            m = max(n, 256, 2 * (t[0].shape[0] if t else 0))
+            t = self._rope_cache[key] = _rope.rope_tables(cfg.rot_dim, cfg.rope_theta, m)
+        return t
 
     def argmax(self, logits) -> np.ndarray:
-        return np.argmax(np.asarray(logits), axis=-1)
-
-    def rope_tables(self, rot_dim, theta, n_pos):
-        return _rope.rope_tables(rot_dim, theta, n_pos)
+        return _head.argmax(np.asarray(logits))
 
 
 def cuda_available() -> bool:

@@ -1,6 +1,6 @@
-"""The engine: device state of one sequence, its entries, and the three primitives (SPEC §3).
+"""The engine: the device state of one sequence, its entries, and the three primitives.
 
-State:
+State (a DeviceState, kestrel/state.py, that the engine owns and passes to the backend):
   GDN layers   S [n_gdn, nv, dk, dv] fp32 and hist [n_gdn, C, K-1] (conv window), held in a
                ring of mmax+1 slots; `slot` is the live one. Plain steps update it in place;
                a checkpointed verify writes row j's state into slot+1+j, and accepting n rows
@@ -26,7 +26,8 @@ import numpy as np
 
 from . import inputs
 from .errors import BatchWidthError, CursorError, KestrelError, SnapshotError, TokenError
-from .model import LayerState, Model
+from .model import Model
+from .state import DeviceState
 from .ops.linear import ROWS
 
 BATCH_MODES = ("strict", "flex")
@@ -36,23 +37,6 @@ BATCH_MODES = ("strict", "flex")
 class Step:
     hidden: object   # [D] for one row, [M, D] for a batch (after model.norm / mtp.norm)
     logits: object   # [V] or [M, V]
-
-
-class _Views:
-    """Per-layer views made on access (views[g] == fn(g)). The generic forward indexes them;
-    a backend that runs the whole pass on the device never builds them (CuPy views cost
-    microseconds each, hundreds per step at 27B)."""
-
-    def __init__(self, fn, n: int):
-        self.fn, self.n = fn, n
-
-    def __getitem__(self, i):
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        return self.fn(i)
-
-    def __len__(self):
-        return self.n
 
 
 def _is_int(x) -> bool:
@@ -70,34 +54,25 @@ class Engine:
             raise KestrelError(f"batch must be one of {BATCH_MODES}, got {batch!r}")
         self.model, self.cfg, self.be = model, model.cfg, model.be
         self.max_seq, self.mmax, self.batch = int(max_seq), int(mmax), batch
-        c, be = self.cfg, self.be
-        self.n_gdn, self.n_attn = len(c.gdn_layers), len(c.attn_layers)
+        self.n_gdn, self.n_attn = len(self.cfg.gdn_layers), len(self.cfg.attn_layers)
         self.nslots = self.mmax + 1
-        self.S = be.zeros((self.nslots, self.n_gdn, c.lin_num_value_heads, c.lin_key_head_dim, c.lin_value_head_dim))
-        self.hist = be.zeros((self.nslots, self.n_gdn, c.conv_dim, c.conv_kernel - 1))
-        self.kc = be.zeros((self.n_attn, self.max_seq, c.num_kv_heads, c.head_dim))
-        self.vc = be.zeros((self.n_attn, self.max_seq, c.num_kv_heads, c.head_dim))
-        self.S_snap = be.zeros(self.S.shape[1:])
-        self.hist_snap = be.zeros(self.hist.shape[1:])
-        if model.has_mtp:
-            self.mtp_kc = be.zeros((self.max_seq, c.num_kv_heads, c.head_dim))
-            self.mtp_vc = be.zeros((self.max_seq, c.num_kv_heads, c.head_dim))
+        self.state = DeviceState.allocate(self.cfg, self.be, self.max_seq, self.nslots, model.has_mtp)
         self.reset()
 
     # ---- cursors & bookkeeping -----------------------------------------------------------
     def reset(self):
         """Empty sequence: zero every buffer and cursor, drop snapshot and pending verify."""
-        for a in (self.S, self.hist, self.kc, self.vc, self.S_snap, self.hist_snap):
-            a[...] = 0
-        if self.model.has_mtp:
-            self.mtp_kc[...] = 0
-            self.mtp_vc[...] = 0
-        self.slot = 0
+        self.state.zero()
         self.pos = 0                          # main-model cursor
         self.attn_len = [0] * self.n_attn     # per attention layer (always == pos between calls)
         self.mtp_len = 0                      # MTP cursor
         self.snap = None                      # dict(pos, attn_len, mtp_len) while a mark is live
         self.pending = None                   # (pos, M) after verify_checkpointed
+
+    @property
+    def slot(self) -> int:
+        """The live GDN slot of the ring."""
+        return self.state.slot
 
     @property
     def cursor(self) -> int:
@@ -113,25 +88,20 @@ class Engine:
 
     def state_bytes(self) -> dict:
         """Bytes each primitive moves: mark/rollback copy S+hist; cursors are free."""
-        return {"gdn_S": int(self.S[0].size * 4), "gdn_hist": int(self.hist[0].size * 4),
+        st = self.state
+        return {"gdn_S": int(st.S[0].size * 4), "gdn_hist": int(st.hist[0].size * 4),
                 "kv_per_token": self.cfg.kv_bytes_per_token(4)}
 
     def live_state(self):
         """(S, hist) views of the live slot."""
-        return self.S[self.slot], self.hist[self.slot]
+        return self.state.S[self.slot], self.state.hist[self.slot]
 
     def snapshot_state(self) -> dict:
         """A host copy of everything the engine holds (for bit-exact comparisons in tests)."""
-        be = self.be
-        d = {"S": be.to_numpy(self.S).copy(), "hist": be.to_numpy(self.hist).copy(),
-             "kc": be.to_numpy(self.kc).copy(), "vc": be.to_numpy(self.vc).copy(),
-             "S_snap": be.to_numpy(self.S_snap).copy(), "hist_snap": be.to_numpy(self.hist_snap).copy(),
-             "slot": self.slot, "pos": self.pos, "attn_len": list(self.attn_len), "mtp_len": self.mtp_len,
-             "snap": None if self.snap is None else dict(self.snap, attn_len=list(self.snap["attn_len"])),
-             "pending": self.pending}
-        if self.model.has_mtp:
-            d["mtp_kc"] = be.to_numpy(self.mtp_kc).copy()
-            d["mtp_vc"] = be.to_numpy(self.mtp_vc).copy()
+        d = {k: self.be.to_numpy(a).copy() for k, a in self.state.buffers().items()}
+        d.update(slot=self.slot, pos=self.pos, attn_len=list(self.attn_len), mtp_len=self.mtp_len,
+                 snap=None if self.snap is None else dict(self.snap, attn_len=list(self.snap["attn_len"])),
+                 pending=self.pending)
         return d
 
     # ---- validation (no state touched) ----------------------------------------------------
@@ -151,7 +121,7 @@ class Engine:
     def _check_width(self, m: int, what: str):
         if self.batch == "strict" and m != self.mmax:
             raise BatchWidthError(f"{what}: strict batch requires M == mmax == {self.mmax}, got M={m} "
-                                  f"(the seed's hard pre-check; use batch='flex' to allow 1 <= M <= mmax)")
+                                  f"(the article's hard pre-check; use batch='flex' to allow 1 <= M <= mmax)")
         if not 1 <= m <= self.mmax:
             raise BatchWidthError(f"{what}: batch width M={m} outside [1, mmax={self.mmax}]")
 
@@ -159,12 +129,6 @@ class Engine:
         if self.pending is not None:
             raise SnapshotError(f"{what}: a checkpointed verify at position {self.pending[0]} is pending; "
                                 f"call select_checkpoint(n) first")
-
-    def _live(self) -> LayerState:
-        s = self.slot
-        return LayerState(S=_Views(lambda g: self.S[s, g], self.n_gdn), hist=_Views(lambda g: self.hist[s, g], self.n_gdn),
-                          kc=_Views(lambda a: self.kc[a], self.n_attn), vc=_Views(lambda a: self.vc[a], self.n_attn),
-                          engine=self)
 
     def _advance(self, m: int):
         self.pos += m
@@ -179,7 +143,7 @@ class Engine:
             raise CursorError(f"prefill: the engine has already consumed {self.pos} positions; call reset() first")
         if len(toks) > self.max_seq:
             raise CursorError(f"prefill: prompt of {len(toks)} tokens exceeds max_seq={self.max_seq}")
-        h, lg = self.model.forward(toks, 0, self._live())
+        h, lg = self.model.forward(toks, 0, self.state)
         self._advance(len(toks))
         return Step(h, lg)
 
@@ -190,7 +154,7 @@ class Engine:
             raise TokenError(f"step: takes exactly one token, got {len(toks)} (use step_m for a batch)")
         self._no_pending("step")
         self._check_pos(pos, 1, self.pos, "step")
-        h, lg = self.model.forward(toks, pos, self._live())
+        h, lg = self.model.forward(toks, pos, self.state)
         self._advance(1)
         return Step(h[0], lg[0])
 
@@ -200,7 +164,7 @@ class Engine:
         self._check_width(len(toks), "step_m")
         self._no_pending("step_m")
         self._check_pos(pos, len(toks), self.pos, "step_m")
-        h, lg = self.model.forward(toks, pos, self._live())
+        h, lg = self.model.forward(toks, pos, self.state)
         self._advance(len(toks))
         return Step(h, lg)
 
@@ -212,11 +176,7 @@ class Engine:
         self._check_width(m, "verify_checkpointed")
         self._no_pending("verify_checkpointed")
         self._check_pos(pos, m, self.pos, "verify_checkpointed")
-        st = self._live()
-        rows = [(self.slot + 1 + j) % self.nslots for j in range(m)]
-        st.S_slots = _Views(lambda g: [self.S[r, g] for r in rows], self.n_gdn)
-        st.hist_slots = _Views(lambda g: [self.hist[r, g] for r in rows], self.n_gdn)
-        h, lg = self.model.forward(toks, pos, st)
+        h, lg = self.model.forward(toks, pos, self.state, checkpoint=True)
         self.pending = (pos, m)
         self._advance(m)
         return Step(h, lg)
@@ -230,7 +190,7 @@ class Engine:
         pos, m = self.pending
         if not _is_int(n) or not 0 <= n <= m:
             raise BatchWidthError(f"select_checkpoint: n must be an int in [0, {m}], got {n!r}")
-        self.slot = (self.slot + n) % self.nslots
+        self.state.slot = (self.slot + n) % self.nslots
         self.pending = None
         self.pos = pos
         self._advance(n)
@@ -247,16 +207,17 @@ class Engine:
         hid = inputs.hidden_rows(hidden, want, "mtp_step: hidden", getattr(self.be, "xp", np))  # finite real floats
         self._check_pos(pos, m, self.mtp_len, "mtp_step", "MTP cursor")
         hid = self.be.asarray(hid).reshape(m, D)
-        hp, lg = self.model.mtp_forward(toks, hid, pos, self.mtp_kc, self.mtp_vc)
+        hp, lg = self.model.mtp_forward(toks, hid, pos, self.state)
         self.mtp_len = pos + m
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
 
     # ---- the three primitives ---------------------------------------------------------------
     def mark(self, include_mtp_cursor: bool = True):
-        """One-shot snapshot. include_mtp_cursor=False is the seed's negative control only."""
+        """One-shot snapshot. include_mtp_cursor=False is the article's negative control only."""
         self._no_pending("mark")
-        self.S_snap[...] = self.S[self.slot]
-        self.hist_snap[...] = self.hist[self.slot]
+        st = self.state
+        st.S_snap[...] = st.S[st.slot]
+        st.hist_snap[...] = st.hist[st.slot]
         self.snap = {"pos": self.pos, "attn_len": list(self.attn_len),
                      "mtp_len": self.mtp_len if (include_mtp_cursor and self.model.has_mtp) else None}
 
@@ -264,8 +225,9 @@ class Engine:
         if self.snap is None:
             raise SnapshotError("rollback without a valid mark (snapshots are one-shot; mtp_truncate also invalidates)")
         self._no_pending("rollback")
-        self.S[self.slot] = self.S_snap
-        self.hist[self.slot] = self.hist_snap
+        st = self.state
+        st.S[st.slot] = st.S_snap
+        st.hist[st.slot] = st.hist_snap
         self.pos = self.snap["pos"]
         self.attn_len = list(self.snap["attn_len"])
         if self.snap["mtp_len"] is not None:

@@ -52,7 +52,7 @@ def log(*a):
 # ---- bytes ------------------------------------------------------------------------------------
 def floor_bytes(cfg, dtype: str) -> dict:
     """Bytes one decode step must read: every main-model weight once (see the module doc)."""
-    from kestrel.config import expected_shapes
+    from kestrel.program import expected_shapes
     wb = 0
     for n, s in expected_shapes(cfg).items():
         if n.startswith("mtp."):
@@ -96,7 +96,8 @@ def copy_bandwidth(be, nbytes=2 << 30, reps=20):
 def gemv_sweep(be, reps=15, shapes=None):
     """linear.cu alone on the 27B projection shapes (bf16): M = 1 and 4, K-split ks = 1, 2, 4."""
     import cupy as cp
-    import kestrel.cuda as kc
+    from kestrel.cuda import launch as L
+    from kestrel.ops.linear import gemv_launch
     shapes = shapes or [("gdn in_proj [qkv|z|b|a]", 16480, 5120, 0), ("attn [q|k|v]", 14336, 5120, 0),
               ("mlp [gate|up] + SwiGLU", 17408, 5120, 2), ("mlp down", 5120, 17408, 0),
               ("out_proj / o_proj", 5120, 6144, 0), ("lm_head", 248320, 5120, 0)]
@@ -110,13 +111,14 @@ def gemv_sweep(be, reps=15, shapes=None):
         Y = cp.empty((4, N), cp.float32)
         for m in (1, 4):
             for ks in (1, 2, 4):
-                kc.KS_BY_K[K] = ks
+                L.KSPLIT_BY_K[K] = ks
                 try:
-                    launch = kc.gemv_launch(W, X, Y, m, K, K, N, epi=epi, half=N if epi == 2 else 0)
-                    t = med(timed(be, lambda: kc._go(launch), reps))
+                    launch = gemv_launch(W, X, Y, m, K, K, N, epilogue="swiglu" if epi == 2 else "store",
+                                         half=N if epi == 2 else 0)
+                    t = med(timed(be, lambda: L.go(launch, be.stream), reps))
                 finally:
-                    kc.KS_BY_K.pop(K, None)
-                out.append({"shape": label, "N": N, "K": K, "M": m, "ks": ks, "ms": t,
+                    L.KSPLIT_BY_K.pop(K, None)
+                out.append({"shape": label, "N": N, "K": K, "M": m, "ksplit": ks, "ms": t,
                             "GBps": rows * K * 2 / (t * 1e-3) / 1e9})
         del W, X, Y
     cp.get_default_memory_pool().free_all_blocks()
@@ -257,7 +259,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
             marks.append(be.elapsed_ms(a, b))
             rolls.append(be.elapsed_ms(b, c))
     S_live, _ = eng.live_state()
-    raw = timed(be, lambda: cp.cuda.runtime.memcpyAsync(eng.S_snap.data.ptr, S_live.data.ptr, sb["gdn_S"],
+    raw = timed(be, lambda: cp.cuda.runtime.memcpyAsync(eng.state.S_snap.data.ptr, S_live.data.ptr, sb["gdn_S"],
                                                         cp.cuda.runtime.memcpyDeviceToDevice, be.stream.ptr), reps)
     r["mark"] = {"ms": med(marks), "rollback_ms": med(rolls), "bytes_S": sb["gdn_S"], "bytes_hist": sb["gdn_hist"],
                  "floor_ms": 2 * nb / (bw_gbps * 1e9) * 1e3, "memcpy_S_ms": med(raw)}
@@ -266,7 +268,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
 
     # device time of one step: the captured graphs replayed back to back (no host work),
     # as captured (programmatic dependent launch if on) and re-captured the other way
-    plans = model.__dict__.get("_cuda_plans", {})
+    plans = be.plans(model)
     r["replay_ms"], r["replay_ms_other_pdl"], r["graph_pdl"] = {}, {}, {}
     for key, plan in list(plans.items()):
         if key[0] == "main" and plan.graph is not None and key[1] in (1, 4):

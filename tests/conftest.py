@@ -42,3 +42,21 @@ def fresh_engine(model, prompt, **kw):
     eng = kestrel.Engine(model, **kw)
     s = eng.prefill(prompt)
     return eng, s
+
+
+@pytest.fixture(scope="module")
+def be():
+    """The CUDA backend (GPU tests only)."""
+    from kestrel.cuda import CUDABackend
+    return CUDABackend()
+
+
+@pytest.fixture
+def poison():
+    """Fill every scratch and output buffer the CUDA backend makes with NaN first, so a kernel
+    that leaves an element unwritten fails its test."""
+    from kestrel.cuda import launch as L
+    old = L.POISON
+    L.POISON = True
+    yield
+    L.POISON = old

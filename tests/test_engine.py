@@ -10,10 +10,10 @@ def live(eng):
     """Host copy of the live state: S/hist of the live slot and the KV rows below the cursors."""
     S, h = eng.live_state()
     d = {"S": np.array(eng.be.to_numpy(S)), "hist": np.array(eng.be.to_numpy(h)),
-         "kc": np.array(eng.be.to_numpy(eng.kc[:, :eng.cursor])), "vc": np.array(eng.be.to_numpy(eng.vc[:, :eng.cursor])),
+         "kc": np.array(eng.be.to_numpy(eng.state.kc[:, :eng.cursor])), "vc": np.array(eng.be.to_numpy(eng.state.vc[:, :eng.cursor])),
          "pos": eng.cursor, "attn_len": list(eng.attn_len), "mtp_len": eng.mtp_cursor}
     if eng.model.has_mtp:
-        d["mtp_kc"] = np.array(eng.be.to_numpy(eng.mtp_kc[:eng.mtp_cursor]))
+        d["mtp_kc"] = np.array(eng.be.to_numpy(eng.state.mtp_kc[:eng.mtp_cursor]))
     return d
 
 
@@ -57,7 +57,7 @@ def test_verify_checkpointed_slots(model, rng):
     for n in range(0, 5):
         e, _ = fresh_engine(model, prompt, mmax=4)
         before = live(e)
-        S_ptr = e.S.__array_interface__["data"][0]
+        S_ptr = e.state.S.__array_interface__["data"][0]
         s = e.verify_checkpointed(5, toks)
         assert np.array_equal(s.logits, np.stack([r.logits for r in rows]))
         e.select_checkpoint(n)
@@ -65,7 +65,7 @@ def test_verify_checkpointed_slots(model, rng):
         want = before if n == 0 else states[n - 1]
         # KV rows past the selected cursor exist but are invisible; compare the visible state
         assert_same(got, want)
-        assert e.S.__array_interface__["data"][0] == S_ptr  # selection moved an index, not data
+        assert e.state.S.__array_interface__["data"][0] == S_ptr  # selection moved an index, not data
         # and the engine keeps going from there exactly like the reference
         nxt = int(rng.integers(0, V))
         e2, _ = fresh_engine(model, prompt, mmax=4)
@@ -135,14 +135,14 @@ def test_rows_past_cursors_are_never_read(model, rng):
         e, s = fresh_engine(model, prompt, mmax=3)
         e.mtp_step(0, prompt[1:], s.hidden[:6])
         if poison:
-            e.kc[:, e.cursor:] = np.nan
-            e.vc[:, e.cursor:] = np.nan
-            e.mtp_kc[e.mtp_cursor:] = np.nan
-            e.mtp_vc[e.mtp_cursor:] = np.nan
+            e.state.kc[:, e.cursor:] = np.nan
+            e.state.vc[:, e.cursor:] = np.nan
+            e.state.mtp_kc[e.mtp_cursor:] = np.nan
+            e.state.mtp_vc[e.mtp_cursor:] = np.nan
             for k in range(e.nslots):
                 if k != e.slot:
-                    e.S[k] = np.nan
-                    e.hist[k] = np.nan
+                    e.state.S[k] = np.nan
+                    e.state.hist[k] = np.nan
         r1 = e.step_m(7, toks)
         r2 = e.mtp_step(6, toks[0], r1.hidden[0])
         e.mark()

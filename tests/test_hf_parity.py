@@ -86,7 +86,7 @@ def test_mtp_head_vs_float64(hf_pair, rng, tmp_path):
     t = read_safetensors(d / "model.safetensors")
     cfg0 = kestrel.load(d, device="cpu").cfg
     cfg = cfg0.replace(mtp_layers=1)
-    from kestrel.config import expected_shapes
+    from kestrel.program import expected_shapes
     from kestrel.weights import random_weights
     mtp = {n: a for n, a in random_weights(cfg, seed=int(rng.integers(1 << 30))).items() if n.startswith("mtp.")}
     t.update(mtp)

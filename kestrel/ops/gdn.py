@@ -1,4 +1,4 @@
-"""Gated DeltaNet token step (NumPy twin of kernels/gdn.cu).
+"""Gated DeltaNet token step (NumPy twin and launchers of kernels/gdn.cu).
 
 Per row t (one token), with C = 2*nk*dk + nv*dv conv channels laid out [q | k | v]:
   1. window = [hist | qkv_t]  ([C, K]);  x = silu(sum_i window[:, i] * w[:, i]);  hist' = window[:, 1:]
@@ -15,9 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cuda import launch as L
 from .norm import gated_rmsnorm, sigmoid, silu
 
-L2_EPS = np.float32(1e-6)
+L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
+GDN_CONV_THREADS = 128
+GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
+GDN_RECUR_THREADS = 512
+CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
+                "GDN_RECUR_THREADS": GDN_RECUR_THREADS}
 
 
 @dataclass
@@ -32,6 +38,17 @@ class GDNShape:
     @property
     def C(self):
         return 2 * self.nk * self.dk + self.nv * self.dv
+
+    @classmethod
+    def of(cls, cfg) -> "GDNShape":
+        return cls(cfg.lin_num_key_heads, cfg.lin_num_value_heads, cfg.lin_key_head_dim, cfg.lin_value_head_dim,
+                   cfg.conv_kernel, cfg.rms_norm_eps)
+
+
+def split_in_proj(cfg, gin: np.ndarray):
+    """The stacked in-projection's output [M, C + nv*dv + 2nv] -> qkv [M, C], z, b, a."""
+    C, nvdv, nv = cfg.conv_dim, cfg.lin_num_value_heads * cfg.lin_value_head_dim, cfg.lin_num_value_heads
+    return gin[:, :C], gin[:, C:C + nvdv], gin[:, C + nvdv:C + nvdv + nv], gin[:, C + nvdv + nv:]
 
 
 def softplus(x):
@@ -89,3 +106,40 @@ def gdn_rows(sh: GDNShape, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist
             hist_slots[j][...] = window[:, 1:]
             cur_S, cur_h = S_slots[j], hist_slots[j]
     return y
+
+
+# ---- CUDA launchers ------------------------------------------------------------------------
+def gdn_recur_smem(dk: int, dv: int) -> int:
+    """Bytes of shared memory gdn_recur needs: S [dk, dv], q, k [dk], v/delta [dv], one partial
+    sum per thread, a block reduction's scratch (kernels/gdn.cu)."""
+    return (dk * dv + 2 * dk + dv + GDN_RECUR_THREADS + L.RED_FLOATS) * 4
+
+
+def check_cuda_shape(sh: GDNShape):
+    """Refuse shapes the kernels cannot run, before any launch is built."""
+    if sh.K > GDN_CONV_KMAX:
+        raise ValueError(f"GDN conv kernel size {sh.K} > {GDN_CONV_KMAX} is not supported by kernels/gdn.cu")
+    if sh.dv > GDN_RECUR_THREADS or gdn_recur_smem(sh.dk, sh.dv) > L.SMEM_MAX:
+        raise ValueError(f"GDN head dims dk={sh.dk}, dv={sh.dv} are not supported by kernels/gdn.cu (shared memory)")
+
+
+def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, checkpoint, ctrl, M, C, K):
+    """Causal conv + SiLU of M rows; the conv window lives in slot ctrl[CTRL_SLOT] of hist_ring
+    (updated in place, or row j's window into slot live+1+j when checkpoint)."""
+    args = (L.ptr(QKV), L.i32(ldq), L.ptr(conv_w), L.ptr(XC), L.i32(ldx), L.ptr(hist_ring), L.i64(slot_stride),
+            L.i32(nslots), L.i32(checkpoint), L.ptr(ctrl), L.i32(M), L.i32(C), L.i32(K))
+    return L.kernel("gdn", "gdn_conv"), (L.cdiv(C, GDN_CONV_THREADS),), (GDN_CONV_THREADS,), args, 0
+
+
+def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
+                     checkpoint, ctrl, M, sh: GDNShape):
+    """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
+    (updated in place, or row j's state into slot live+1+j when checkpoint)."""
+    check_cuda_shape(sh)
+    fn = L.kernel("gdn", "gdn_recur")
+    sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
+    args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
+            L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
+            L.i32(checkpoint), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),
+            L.f32(np.float32(sh.dk ** -0.5)), L.f32(sh.eps))
+    return fn, (sh.nv,), (GDN_RECUR_THREADS,), args, sm

@@ -1,0 +1,284 @@
+"""CUDABackend: weights and buffers on the GPU, clocks (device events), and `run`, which
+lowers a model program into a plan (kestrel/cuda/lower.py) once per (program, M, checkpoint,
+DeviceState) and replays it as a CUDA graph.
+
+Weights: 2-D projection matrices in bf16 when asked (raw uint16 bits on the device), everything
+else fp32; the stacked projections (kestrel/program.py) are concatenated once and each weight
+becomes a row view of its stack. `weight_f32(w)` widens a stored weight for inspection.
+
+Both ways of running (stacked projections + graphs + programmatic dependent launch, or one
+launch per weight, eagerly) give bit-identical results: the same kernels, the same per-row
+reduction orders (tests/test_cuda.py checks it).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import weakref
+
+import cupy as cp
+import numpy as np
+
+from ..config import Config
+from ..ops import head as _head
+from ..ops import rope as _rope
+from ..program import expected_shapes, stacks
+from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
+from . import launch as L
+from .lower import lower
+from .plan import GRAPH_MAX_ROWS, Staging
+
+PLAN_CACHE = 48                               # cached plans per model (LRU)
+GPU_DRAW_MIN_PARAMS = 50_000_000              # random_model draws on the GPU from this size up
+
+_STREAM = None
+
+
+def _stream():
+    """The one stream every CUDABackend launches on (graphs cannot be captured on the legacy
+    default stream). It is made the current CuPy stream, so the engine's own CuPy work (resets,
+    mark/rollback copies) is ordered with the kernels; it is a blocking stream, so work that
+    other code puts on the legacy default stream is ordered with it too."""
+    global _STREAM
+    if _STREAM is None:
+        _STREAM = cp.cuda.Stream(non_blocking=False)
+    _STREAM.use()
+    return _STREAM
+
+
+class CUDABackend:
+    name = "cuda"
+    xp = cp
+
+    def __init__(self, use_graphs: bool = True, stack_projections: bool = True, pdl: bool | None = None):
+        self.stream = _stream()
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        self.device_name = f"{name} (CUDA, CuPy {cp.__version__})"
+        self.device_props = {"name": name, "sm_count": int(props["multiProcessorCount"]),
+                             "memory_bytes": int(props["totalGlobalMem"]), "cc": f"{props['major']}.{props['minor']}"}
+        self.use_graphs = use_graphs
+        self.stack_projections = stack_projections
+        if pdl is None:       # programmatic dependent launch in graphs: Hopper and newer, KESTREL_PDL=0 to disable
+            pdl = os.environ.get("KESTREL_PDL", "1") != "0" and int(props["major"]) >= 9
+        self.pdl = bool(pdl)
+        self._staging = Staging(self.stream)
+        self._rope = {}
+        self._plans = weakref.WeakKeyDictionary()     # model -> OrderedDict(key -> Plan)
+        self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
+        self.stats = {"graphs_captured": 0, "pdl_graphs": 0, "graph_replays": 0, "eager_runs": 0, "graph_errors": []}
+
+    # ---- memory -------------------------------------------------------------------------
+    def empty(self, shape, dtype=np.float32):
+        """An uninitialised device buffer (NaN-filled while tests poison)."""
+        a = cp.empty(shape, dtype)
+        if L.POISON and a.dtype.kind == "f":
+            a.fill(np.nan)
+        return a
+
+    def put_weight(self, name: str, a, dtype: str = "fp32"):
+        """2-D matrices as bf16 bits (uint16) when dtype='bf16', everything else fp32."""
+        if isinstance(a, cp.ndarray):
+            if a.dtype == np.uint16:
+                return a
+            a = cp.ascontiguousarray(a, dtype=np.float32)
+            if dtype == "bf16" and a.ndim == 2:
+                out = cp.empty(a.shape, np.uint16)
+                self.to_bf16(a, 1.0, out)
+                return out
+            return a
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if dtype == "bf16" and a.ndim == 2:
+            return cp.asarray(f32_to_bf16(a))
+        return cp.asarray(a)
+
+    def weight_f32(self, w):
+        """A stored weight as float32 (bf16 bits widened exactly)."""
+        if w.dtype == np.uint16:
+            return (w.astype(np.uint32) << 16).view(np.float32)
+        return w
+
+    def asarray(self, a, dtype=np.float32):
+        if isinstance(a, cp.ndarray):
+            return cp.ascontiguousarray(a, dtype=dtype)
+        return cp.asarray(np.ascontiguousarray(a, dtype=dtype))
+
+    def zeros(self, shape, dtype=np.float32):
+        return cp.zeros(shape, dtype)
+
+    def to_numpy(self, a) -> np.ndarray:
+        if isinstance(a, cp.ndarray):
+            return a.get()
+        return np.asarray(a)
+
+    def sync(self):
+        self.stream.synchronize()
+
+    def now(self):
+        """A CUDA event recorded on the backend's stream; elapsed_ms(a, b) reads two of them."""
+        ev = cp.cuda.Event()
+        ev.record(self.stream)
+        return ev
+
+    def elapsed_ms(self, a, b) -> float:
+        b.synchronize()
+        return float(cp.cuda.get_elapsed_time(a, b))
+
+    def to_bf16(self, src, scale, out):
+        L.go(_head.to_bf16_launch(src, scale, out, src.size), self.stream)
+
+    def argmax(self, logits):
+        x = cp.ascontiguousarray(logits, dtype=np.float32)
+        one = x.ndim == 1
+        x2 = x.reshape(-1, x.shape[-1])
+        out = cp.empty(x2.shape[0], np.int64)
+        L.go(_head.argmax_launch(x2, x2.shape[1], x2.shape[0], x2.shape[1], out), self.stream)
+        return out[0] if one else out.reshape(x.shape[:-1])
+
+    # ---- the program, lowered ------------------------------------------------------------------
+    def stacked(self, model) -> dict:
+        """The stacked projection matrices of `model`; its w entries become row views of them."""
+        f = self._stacks.get(model)
+        if f is not None:
+            return f
+        f = getattr(model, "_drawn_stacks", None) or {}
+        with self.stream:
+            for key, names in stacks(model.cfg):
+                if key in f:
+                    continue
+                parts = [model.w[n] for n in names]
+                if len({p.dtype for p in parts}) != 1:
+                    raise ValueError(f"{key}: mixed weight dtypes {[p.dtype for p in parts]}")
+                buf = cp.concatenate(parts, axis=0)
+                r0 = 0
+                for n, p in zip(names, parts):
+                    model.w[n] = buf[r0:r0 + p.shape[0]]
+                    r0 += p.shape[0]
+                f[key] = buf
+        model.head = model.w["embed_tokens.weight" if model.cfg.tie_word_embeddings else "lm_head.weight"]
+        self._stacks[model] = f
+        return f
+
+    def rope_device(self, cfg: Config, n: int):
+        key = (cfg.rot_dim, cfg.rope_theta, n)
+        t = self._rope.get(key)
+        if t is None:
+            cos, sin = _rope.rope_tables(cfg.rot_dim, cfg.rope_theta, n)
+            t = self._rope[key] = (cp.asarray(cos), cp.asarray(sin))
+        return t
+
+    def plans(self, model) -> collections.OrderedDict:
+        """The model's cached plans (benchmarks read their graphs)."""
+        return self._plans.setdefault(model, collections.OrderedDict())
+
+    def run(self, model, prog, st, tokens, pos: int, hid=None, checkpoint: bool = False):
+        """Run `prog` over M rows at positions pos.. on DeviceState `st`: (hidden [M,D], logits [M,V])."""
+        M = len(tokens)
+        key = (prog.name, M, bool(checkpoint), self.stack_projections, st.max_seq, st.nslots,
+               *(a.data.ptr for a in st.buffers().values()))
+        cache = M <= GRAPH_MAX_ROWS
+        with self.stream:
+            if cache:
+                plans = self.plans(model)
+                plan = plans.get(key)
+                if plan is None:
+                    plan = plans[key] = lower(self, model, prog, st, M, checkpoint)
+                    while len(plans) > PLAN_CACHE:
+                        plans.popitem(last=False)
+                else:
+                    plans.move_to_end(key)
+            else:
+                plan = lower(self, model, prog, st, M, checkpoint)
+            if hid is not None:
+                plan.bufs["hid"][...] = hid
+            self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in tokens]])
+            plan.run()
+            if cache:      # the plan's buffers are reused by its next run
+                return plan.hidden.copy(), plan.logits.copy()
+            return plan.hidden, plan.logits
+
+    # ---- random weights drawn on the device ------------------------------------------------
+    def random_model(self, cfg: Config, seed: int = 0, dtype: str = "fp32", gpu_draw: bool | None = None):
+        """A Model with random weights of kestrel.weights.random_weights' families.
+
+        Small configs (below GPU_DRAW_MIN_PARAMS, unless gpu_draw=True) draw on the host with
+        random_weights itself, so the weights equal the CPU backend's bit for bit. Large ones
+        draw the projection matrices on the GPU (cuRAND normal, scaled, rounded to bf16 in
+        place), straight into their stacks: the same distributions, not the same numbers."""
+        from ..model import Model   # noqa: PLC0415 (import cycle)
+        if gpu_draw is None:
+            gpu_draw = cfg.param_count() >= GPU_DRAW_MIN_PARAMS
+        if not gpu_draw:
+            return Model(cfg, random_weights(cfg, seed), self, source=f"random(seed={seed})", weight_dtype=dtype)
+        rs = cp.random.RandomState(seed)
+        rng = np.random.default_rng(seed)
+        shapes = expected_shapes(cfg)
+        wdt = np.uint16 if dtype == "bf16" else np.float32
+        tensors, drawn = {}, {}
+        with self.stream:
+            for key, names in stacks(cfg):
+                rows, K = sum(shapes[n][0] for n in names), shapes[names[0]][1]
+                buf = cp.empty((rows, K), wdt)
+                r0 = 0
+                for n in names:
+                    r = shapes[n][0]
+                    tensors[n] = buf[r0:r0 + r]
+                    self._fill_normal(rs, tensors[n], random_scale(n, shapes[n]))
+                    r0 += r
+                drawn[key] = buf
+            for n, shape in shapes.items():
+                if n in tensors:
+                    continue
+                if len(shape) == 2:
+                    buf = cp.empty(shape, wdt)
+                    self._fill_normal(rs, buf, random_scale(n, shape))
+                    tensors[n] = buf
+                else:
+                    tensors[n] = cp.asarray(random_tensor(n, shape, rng))
+        model = Model(cfg, tensors, self, source=f"random-gpu(seed={seed})", weight_dtype=dtype)
+        model._drawn_stacks = drawn
+        return model
+
+    def _fill_normal(self, rs, out, scale: float, chunk: int = 1 << 26):
+        flat = out.reshape(-1)
+        n = flat.size
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            t = rs.standard_normal(e - s, dtype=np.float32)
+            if out.dtype == np.uint16:
+                self.to_bf16(t, scale, flat[s:e])
+            else:
+                cp.multiply(t, np.float32(scale), out=flat[s:e])
+
+
+def pdl_selftest(steps: int = 6) -> bool:
+    """True when graphs captured with programmatic dependent launch give the same bits as graphs
+    without it (test-a shape, fp32 and bf16; prefill, steps, step_m, a checkpointed verify, MTP).
+    Run it in a child process first: a driver that mishandles the launch could take the process."""
+    from ..config import PRESETS
+    from ..engine import Engine
+    from ..model import Model
+    cfg = PRESETS["test-a"]
+    t = random_weights(cfg, 21)
+    outs = []
+    for pdl in (False, True):
+        be = CUDABackend(pdl=pdl)
+        for dtype in ("fp32", "bf16"):
+            m = Model(cfg, t, be, weight_dtype=dtype)
+            e = Engine(m, max_seq=64, mmax=3)
+            s = e.prefill([1, 2, 3, 4, 5])
+            r = [s.logits]
+            for i in range(steps):
+                r.append(e.step(e.cursor, (7 * i) % cfg.vocab_size).logits)
+            for _ in range(3):
+                r.append(e.step_m(e.cursor, [3, 1, 4]).logits)
+                r.append(e.verify_checkpointed(e.cursor, [1, 5, 9]).logits)
+                e.select_checkpoint(2)
+                r.append(e.mtp_step(e.mtp_cursor, 6, s.hidden[0]).logits)
+            outs.append([x.get() for x in r])
+        if pdl and (be.stats["pdl_graphs"] == 0 or be.stats["graph_errors"]):
+            return False
+    n = len(outs) // 2
+    return all(np.array_equal(a, b) for x, y in zip(outs[:n], outs[n:]) for a, b in zip(x, y))

@@ -1,0 +1,97 @@
+"""Compiling and launching kestrel's kernels (kernels/*.cu) through CuPy's NVRTC.
+
+A *launch* is a tuple (fn, grid, block, args, smem): the launchers in kestrel/ops build
+them, a plan (kestrel/cuda/plan.py) stores and replays them. CuPy is imported only when a
+kernel is first compiled, so kestrel/ops stays importable without a GPU.
+
+Each kernel file kernels/<op>.cu is compiled with kernels/common.cuh pasted in front and with
+-D macros for every constant that Python must agree with: the block sizes and epsilons that
+kestrel/ops/<op>.py exports as CUDA_DEFINES, and the ctrl block's layout below. A constant is
+thus written once, in Python.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+KERNEL_DIR = Path(os.environ.get("KESTREL_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")   # (CuPy adds -ftz=true; without --std it passes c++14)
+SMEM_DEFAULT = 48 * 1024                          # dynamic shared memory a launch gets without opting in
+SMEM_MAX = 227 * 1024                             # the most one block may opt in to (sm_90)
+
+# The ctrl block: int32 words in device memory that the host writes before each launch or
+# graph replay, so one captured graph serves every position (kernels/common.cuh).
+CTRL_POS, CTRL_SLOT, CTRL_TOK = 0, 1, 4
+RED_FLOATS = 32           # shared-memory floats of a block reduction (one per warp, <= 32 warps)
+COMMON_DEFINES = {"CTRL_POS": CTRL_POS, "CTRL_SLOT": CTRL_SLOT, "CTRL_TOK": CTRL_TOK, "RED_FLOATS": RED_FLOATS}
+
+POISON = False            # tests: fill every scratch and output buffer with NaN before use
+KSPLIT_BY_K: dict = {}    # benchmarks only: override linear.cu's K-split for a given K
+
+i32, i64, f32 = np.int32, np.int64, np.float32
+
+
+def ptr(a) -> np.uint64:
+    """A device pointer as a kernel argument (works for views with an offset)."""
+    return np.uint64(a.data.ptr)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def macro(v) -> str:
+    """A Python constant as a C literal: floats as exact float32 hex literals."""
+    if isinstance(v, (float, np.floating)):
+        return float(np.float32(v)).hex() + "f"
+    return str(int(v))
+
+
+def defines(module: str) -> dict:
+    d = dict(COMMON_DEFINES)
+    d.update(getattr(importlib.import_module(f"kestrel.ops.{module}"), "CUDA_DEFINES", {}))
+    return d
+
+
+_MODULES: dict = {}
+_FUNCS: dict = {}
+
+
+def kernel(module: str, name: str):
+    """cupy.RawKernel `name` from kernels/<module>.cu, compiled once per process."""
+    key = (module, name)
+    fn = _FUNCS.get(key)
+    if fn is None:
+        import cupy as cp
+        mod = _MODULES.get(module)
+        if mod is None:
+            common = (KERNEL_DIR / "common.cuh").read_text()
+            src = (KERNEL_DIR / f"{module}.cu").read_text().replace('#include "common.cuh"', common)
+            opts = NVRTC_OPTIONS + tuple(f"-D{k}={macro(v)}" for k, v in sorted(defines(module).items()))
+            mod = _MODULES[module] = cp.RawModule(code=src, options=opts)
+        fn = _FUNCS[key] = mod.get_function(name)
+    return fn
+
+
+_SMEM_SET: dict = {}
+
+
+def smem(fn, nbytes: int, what: str) -> int:
+    """Opt the kernel in to `nbytes` of dynamic shared memory when a launch needs more than
+    the default; refuse sizes no block can have, naming what made them that large."""
+    if nbytes > SMEM_MAX:
+        raise ValueError(f"{what}: a launch needs {nbytes} bytes of shared memory (> {SMEM_MAX})")
+    if nbytes > SMEM_DEFAULT and nbytes > _SMEM_SET.get(id(fn), 0):
+        fn.max_dynamic_shared_size_bytes = nbytes
+        _SMEM_SET[id(fn)] = nbytes
+    return nbytes
+
+
+def go(launch, stream):
+    """Launch one (fn, grid, block, args, smem) now, on `stream`."""
+    fn, grid, block, args, sm = launch
+    with stream:
+        fn(grid, block, args, shared_mem=sm)

@@ -1,0 +1,117 @@
+"""Lowering a model program (kestrel/program.py) into a plan of kernel launches.
+
+One function per op kind turns the op into launches of its kernels (the launchers live in
+kestrel/ops beside the NumPy twins) over the plan's activation buffers, the model's weights
+and the engine's DeviceState:
+
+    embed      embed_launch, tokens read from the plan's ctrl block
+    rmsnorm    rmsnorm_launch (into a column range of its output for the MTP's concatenation)
+    linear     one gemv_launch over the stacked matrix with the op's epilogue (stacked=True), or
+               one per weight into column ranges of the output (+ swiglu_launch) (stacked=False)
+    gdn        gdn_conv_launch + gdn_recur_launch on the state ring (in place or per-row slots)
+    attention  kv_append_launch + attn_decode_launch on the op's KV cache
+
+Positions and the live slot are read from the ctrl block at run time, so a plan serves every
+position. Every row is computed by the same arithmetic whatever M is (see each kernel's header).
+"""
+from __future__ import annotations
+
+from ..ops import attention as _attn
+from ..ops import gdn as _gdn
+from ..ops import head as _head
+from ..ops import linear as _linear
+from ..ops import mlp as _mlp
+from ..ops import norm as _norm
+from . import launch as L
+from .plan import GRAPH_MAX_ROWS, Plan
+
+
+class _Ctx:
+    def __init__(self, be, model, prog, st, M: int, checkpoint: bool):
+        self.be, self.model, self.prog, self.st, self.M, self.checkpoint = be, model, prog, st, M, checkpoint
+        self.cfg, self.w = model.cfg, model.w
+        self.P = Plan(be, M, graphable=M <= GRAPH_MAX_ROWS)
+        self.bufs = {name: self.P.buf(name, M, width) for name, width in prog.buffers}
+        self.stacked = be.stacked(model) if be.stack_projections else {}
+
+    def ld(self, name: str) -> int:
+        return self.prog.width(name)
+
+
+def _embed(c: _Ctx, op):
+    c.P.add(_head.embed_launch(c.w[op.weights[0].name], c.P.ctrl[L.CTRL_TOK:], c.bufs[op.dst], c.ld(op.dst), c.M))
+
+
+def _rmsnorm(c: _Ctx, op):
+    w = c.w[op.weights[0].name]
+    n = op.weights[0].shape[0]
+    dst = c.bufs[op.dst][:, op.col:]
+    c.P.add(_norm.rmsnorm_launch(c.bufs[op.src], c.ld(op.src), w, dst, c.ld(op.dst), c.M, n, c.cfg.rms_norm_eps))
+
+
+def _linear_op(c: _Ctx, op):
+    X, Y, K = c.bufs[op.src], c.bufs[op.dst], op.weights[0].shape[1]
+    ldx, ldy = c.ld(op.src), c.ld(op.dst)
+    if op.stack and op.stack in c.stacked:
+        half = op.weights[0].shape[0] if op.epilogue == "swiglu" else 0
+        c.P.add(_linear.gemv_launch(c.stacked[op.stack], X, Y, c.M, K, ldx, ldy, op.epilogue, half))
+        return
+    if len(op.weights) == 1:
+        c.P.add(_linear.gemv_launch(c.w[op.weights[0].name], X, Y, c.M, K, ldx, ldy, op.epilogue))
+        return
+    if op.epilogue == "swiglu":      # gate and up into scratch, then the elementwise kernel
+        I = op.weights[0].shape[0]
+        g, u = c.P.buf(f"{op.dst}.gate", c.M, I), c.P.buf(f"{op.dst}.up", c.M, I)
+        c.P.add(_linear.gemv_launch(c.w[op.weights[0].name], X, g, c.M, K, ldx, I))
+        c.P.add(_linear.gemv_launch(c.w[op.weights[1].name], X, u, c.M, K, ldx, I))
+        c.P.add(_mlp.swiglu_launch(g, u, Y, c.M * I))
+        return
+    r0 = 0
+    for wt in op.weights:            # each weight into its column range of the output
+        c.P.add(_linear.gemv_launch(c.w[wt.name], X, Y[:, r0:], c.M, K, ldx, ldy, op.epilogue))
+        r0 += wt.shape[0]
+
+
+def _gdn_op(c: _Ctx, op):
+    cfg, st, w = c.cfg, c.st, c.w
+    sh = _gdn.GDNShape.of(cfg)
+    _gdn.check_cuda_shape(sh)
+    g = op.state[1]
+    C, K, nvdv, nv = sh.C, sh.K, sh.nv * sh.dv, sh.nv
+    gin, width = c.bufs[op.src], c.ld(op.src)
+    xc = c.P.buf("gdn.conv_out", c.M, C)
+    conv_w, A_log, dt_bias, norm_w = (w[wt.name] for wt in op.weights)
+    cw = conv_w.reshape(C, K)
+    c.P.keep.append(cw)
+    ck = int(c.checkpoint)
+    c.P.add(_gdn.gdn_conv_launch(gin, width, cw, xc, C, st.hist[0, g], st.hist[0].size, st.nslots, ck, c.P.ctrl,
+                                 c.M, C, K))
+    c.P.add(_gdn.gdn_recur_launch(xc, C, gin[:, C:], width, gin[:, C + nvdv:], width, gin[:, C + nvdv + nv:], width,
+                                  A_log, dt_bias, norm_w, c.bufs[op.dst], c.ld(op.dst), st.S[0, g], st.S[0].size,
+                                  st.nslots, ck, c.P.ctrl, c.M, sh))
+
+
+def _attention_op(c: _Ctx, op):
+    cfg, w = c.cfg, c.w
+    nh, nkv, hd, rh, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rot_dim // 2, cfg.rms_norm_eps
+    qd, kd = nh * 2 * hd, nkv * hd
+    ain, width = c.bufs[op.src], c.ld(op.src)
+    kc, vc = c.st.kv(op.state)
+    cos, sin = c.be.rope_device(cfg, max(c.st.max_seq, 1))
+    q_norm, k_norm = (w[wt.name] for wt in op.weights)
+    c.P.add(_attn.kv_append_launch(ain[:, qd:], width, ain[:, qd + kd:], width, k_norm, cos, sin, 0, kc, vc, c.P.ctrl,
+                                   c.M, nkv, hd, rh, eps))
+    c.P.add(_attn.attn_decode_launch(ain, width, q_norm, cos, sin, 0, kc, vc, c.bufs[op.dst], c.ld(op.dst), c.P.ctrl,
+                                     c.M, nh, nkv, hd, rh, eps, hd ** -0.5, c.st.max_seq))
+
+
+LOWER = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear_op, "gdn": _gdn_op, "attention": _attention_op}
+
+
+def lower(be, model, prog, st, M: int, checkpoint: bool) -> Plan:
+    """The plan of `prog` over M rows on DeviceState `st` (checkpoint: GDN rows into slots)."""
+    c = _Ctx(be, model, prog, st, M, checkpoint)
+    for op in prog.ops:
+        LOWER[op.kind](c, op)
+    c.P.hidden, c.P.logits = c.bufs[prog.hidden], c.bufs[prog.logits]
+    return c.P
