@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the Kestrel book (static HTML, works offline) into _build/html/.
+# Build the Kestrel book (static HTML, works offline) into _build/html/, without the set-up
+# (scripts/book.sh is set-up + this).
 #
 #   scripts/build_book.sh              build from the outputs committed in book/*.ipynb
 #   scripts/build_book.sh --execute    first re-execute every notebook in book/ in place on
@@ -9,7 +10,7 @@
 #                                      (--all: rebuild every page, not just changed ones)
 #
 # Warnings are errors (-W). plotly.min.js and MathJax come from local copies
-# (book/_ext/kestrel_book.py); MathJax needs `apt-get install -y libjs-mathjax` on pages with math.
+# (book/_ext/kestrel_book.py); MathJax needs libjs-mathjax (scripts/setup.sh installs it).
 # Open _build/html/index.html.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
