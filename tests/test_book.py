@@ -1,11 +1,13 @@
 """The book pipeline: committed notebooks are executed and stamped, the book builds with
 warnings as errors, and the built HTML loads nothing from the network.
 
-The build test runs ``scripts/build_book.sh --all`` (the README command, every page
-re-rendered) into ``_build/html``; tests/test_browser.py then opens those pages.
+The build test runs ``scripts/build_book.sh --all`` (the build step of the README's book
+command ``scripts/book.sh``, every page re-rendered) into ``_build/html``; the page tests below
+read that build (and skip when there is none), and tests/test_browser.py opens the pages.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import importlib.util
 import json
 import re
@@ -75,7 +77,21 @@ def test_plots_stamp():
 
     line = plots.stamp(device="NVIDIA H200 (GPU)", quiet=True)
     assert re.fullmatch(r"measured on NVIDIA H200 \(GPU\) at \d{4}-\d\d-\d\d \d\d:\d\d UTC", line)
-    assert plots.provenance()["device"]  # autodetected: CPU model here
+    when = _dt.datetime(2026, 1, 2, 3, 4, tzinfo=_dt.timezone.utc)
+    assert plots.stamp(device="X", when=when, quiet=True) == "measured on X at 2026-01-02 03:04 UTC"
+
+
+def test_plots_provenance_names_the_device(monkeypatch):
+    """The device name a figure is stamped with: the override, else a detected GPU or the CPU
+    with its core count; never an empty or placeholder string."""
+    from kestrel import plots
+
+    monkeypatch.setenv("KESTREL_DEVICE_NAME", "Example GPU 9000")
+    assert plots.provenance()["device"] == "Example GPU 9000"
+    monkeypatch.delenv("KESTREL_DEVICE_NAME")
+    dev = plots.provenance()["device"]
+    assert re.fullmatch(r"\S.* \((GPU|CPU, \d+ cores)\)", dev), f"unexpected device name {dev!r}"
+    assert plots.provenance(device="given")["device"] == "given"
 
 
 # --------------------------------------------------------------------------- the build
@@ -188,3 +204,165 @@ def test_book_has_plotly_figures(built):
     n = sum(page.read_text(errors="replace").count('class="plotly-graph-div"')
             for page in (HTML / "book").glob("*.html"))
     assert n >= 1, "no chapter contains a plotly figure written by kestrel.plots.show"
+
+
+# --------------------------------------------------------------------------- the pages of the build
+
+def _toc_docnames() -> list[str]:
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    names = [toc["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                names.append(e["file"])
+            walk(e.get("sections"))
+
+    walk(toc.get("chapters"))
+    for part in toc.get("parts") or []:
+        walk(part.get("chapters"))
+    return names
+
+
+APPENDIX_PAGES = {  # docname -> its title
+    "book/appendix_design": "Appendix A. The design in one place",
+    "book/glossary": "Glossary",
+    "book/references": "References",
+}
+
+
+@pytest.fixture(scope="module")
+def html():
+    """The existing build in _build/html (made by the build test above or by scripts/book.sh);
+    skip when there is none, or when a source is newer than it."""
+    index = HTML / "index.html"
+    if not index.is_file():
+        pytest.skip("the book is not built (bash scripts/book.sh)")
+    sources = [ROOT / "_toc.yml", ROOT / "_config.yml", *BOOK.glob("*.md"), *NOTEBOOKS]
+    stale = [p.name for p in sources if p.stat().st_mtime > index.stat().st_mtime]
+    if stale:
+        pytest.skip(f"the build in _build/html is older than {stale[:3]}: rebuild (bash scripts/book.sh)")
+    return HTML
+
+
+class _Page(HTMLParser):
+    """Title, h1 text, links (href) and the text inside elements marked lang="zh..."."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.title, self.h1, self.links, self.zh, self.dt = "", "", [], [], []
+        self._stack: list[str] = []
+        self._zh_depth = 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self._stack.append(tag)
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        if tag == "dt":
+            self.dt.append("")
+        if (a.get("lang") or "").startswith("zh"):
+            self._zh_depth += 1
+            self.zh.append("")
+        elif self._zh_depth:
+            self._zh_depth += 1
+
+    def handle_endtag(self, tag):
+        if self._zh_depth:
+            self._zh_depth -= 1
+        while self._stack and self._stack.pop() != tag:
+            pass
+
+    def handle_data(self, data):
+        if "title" in self._stack[-1:]:
+            self.title += data
+        if "h1" in self._stack:
+            self.h1 += data
+        if "dt" in self._stack:
+            self.dt[-1] += data
+        if self._zh_depth:
+            self.zh[-1] += data
+
+
+def _read(page: Path) -> _Page:
+    p = _Page()
+    p.feed(page.read_text(errors="replace"))
+    return p
+
+
+def test_every_toc_page_is_built(html):
+    missing = [d for d in _toc_docnames() if not (html / f"{d}.html").is_file()]
+    assert not missing, f"pages in _toc.yml without a built page: {missing}"
+
+
+@pytest.mark.parametrize("docname", sorted(APPENDIX_PAGES))
+def test_appendix_pages_are_built_and_in_the_navigation(html, docname):
+    page = html / f"{docname}.html"
+    assert page.is_file(), f"{page.relative_to(ROOT)} was not built"
+    p = _read(page)
+    assert APPENDIX_PAGES[docname] in p.h1, f"{docname}: h1 is {p.h1.strip()!r}"
+    root = html / f"{_toc_docnames()[0]}.html"          # the root page (index.html redirects to it)
+    linked = {(root.parent / urlsplit(h).path).resolve() for h in _read(root).links if not urlsplit(h).scheme}
+    assert page.resolve() in linked, \
+        f"{docname} is not linked from the book's navigation"
+
+
+def test_local_links_resolve(html):
+    """Every relative link on every page (chapters, appendix, glossary, references) names a
+    file of the build."""
+    bad = []
+    for page in _pages():
+        for href in _read(page).links:
+            parts = urlsplit(href)
+            if parts.scheme or href.startswith(("#", "//")) or not parts.path:
+                continue
+            if not (page.parent / parts.path).resolve().exists():
+                bad.append(f"{page.relative_to(html)} -> {href}")
+    assert not bad, "links to pages that were not built:\n" + "\n".join(bad[:20])
+
+
+def test_references_name_and_link_the_sources(html):
+    p = _read(html / "book" / "references.html")
+    assert any("投机轮的锚定口径" in z for z in p.zh), "the article's title (in Chinese, lang=zh) is missing"
+    want = ["gitee.com/pei-xiaoguang/kestrel-llm-cuda", "vllm-project/vllm", "sgl-project/sglang",
+            "ggml-org/llama.cpp/pull/22673", "dao-lab.ai", "arxiv.org/abs/2505.14969",
+            "arxiv.org/abs/2408.15237", "thinkingmachines.ai", "fla-org/flash-linear-attention"]
+    missing = [w for w in want if not any(w in h for h in p.links)]
+    assert not missing, f"references without their link: {missing}"
+
+
+def test_glossary_defines_the_terms(html):
+    terms = " | ".join(_read(html / "book" / "glossary.html").dt)
+    want = ["anchor", "n_{ok}", "self token", "ghost token", "mark", "rollback", "truncate", "cursor",
+            "MTP slot", "pairing", "E16", "0:24 1:6 2:11 3:4", "batch invariance", "strict, flex",
+            "policy", "floor"]
+    missing = [w for w in want if w not in terms]
+    assert not missing, f"glossary terms missing: {missing} (defined: {terms[:500]})"
+
+
+def test_article_quotes_are_marked_for_cjk_fonts(html):
+    """The Chinese quotes sit in lang="zh-Hans" elements and the book's CSS names CJK fonts for
+    them (scripts/setup.sh installs fonts-noto-cjk), so they do not render as boxes."""
+    ch5 = _read(html / "book" / "ch05_wall.html")
+    assert any("一轮" in z for z in ch5.zh), "chapter 5's quote is not marked lang=zh-Hans"
+    css = (html / "_static" / "kestrel.css").read_text()
+    assert re.search(r":lang\(zh[^)]*\)[^{]*\{[^}]*Noto Sans CJK", css), "no CJK font stack for lang=zh"
+
+
+# --------------------------------------------------------------------------- the sources
+
+_OUTSIDE = re.compile(r"SPEC\b|§|\bthe seed\b|\bseed's\b|\bmtp-seed\b|design card|\$OUT\b|/tmp/|/root/|\blease\b")
+
+
+def test_book_prose_speaks_only_of_itself():
+    """The book's prose and the README name no outside design document, no build machine and
+    the source article only as "the article"."""
+    texts = {p.relative_to(ROOT): p.read_text() for p in [*BOOK.glob("*.md"), ROOT / "README.md"]}
+    for nb in NOTEBOOKS:
+        cells = json.loads(nb.read_text())["cells"]
+        texts[nb.relative_to(ROOT)] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    hits = [f"{path}: {m.group(0)!r} in ...{text[max(0, m.start() - 40):m.end() + 40]!r}..."
+            for path, text in texts.items() for m in _OUTSIDE.finditer(text)]
+    assert not hits, "\n".join(hits)
