@@ -51,7 +51,7 @@ for line in open(os.path.join(root, "requirements.txt")):
     if req.marker is not None and not req.marker.evaluate():
         continue
     try:
-        ok = req.specifier.contains(md.version(req.name), prereleases=True)
+        ok = req.specifier.contains(md.version(req.name), True)   # pre-release versions count
     except md.PackageNotFoundError:
         ok = False
     if not ok:
