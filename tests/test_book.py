@@ -366,3 +366,16 @@ def test_book_prose_speaks_only_of_itself():
     hits = [f"{path}: {m.group(0)!r} in ...{text[max(0, m.start() - 40):m.end() + 40]!r}..."
             for path, text in texts.items() for m in _OUTSIDE.finditer(text)]
     assert not hits, "\n".join(hits)
+
+
+_MACHINE = re.compile(r"/work/|/root/|/tmp/|\$OUT\b|\blease[sd]?\b|KINDS\.md|device tool")
+
+
+def test_results_and_records_name_no_build_machine():
+    """Results files, the training record and the scripts' notes carry device, date and command,
+    but no path or word of the machines they were made on."""
+    files = [*(ROOT / "results").glob("*.json"), *(ROOT / "results").glob("*.md"),
+             *(ROOT / "kestrel" / "assets" / "tiny").glob("*.json"), *(ROOT / "kestrel" / "assets" / "tiny").glob("*.md"),
+             *(ROOT / "scripts").glob("*.sh"), *(ROOT / "scripts").glob("*.md"), ROOT / "README.md"]
+    hits = [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in files for m in _MACHINE.finditer(p.read_text())]
+    assert not hits, "\n".join(hits[:20])
