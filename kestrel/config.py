@@ -18,11 +18,15 @@ import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .confined import model_root, parse_json, read_member
 from .errors import ConfigError
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 MAX_SIZE = 2 ** 31 - 1          # every size and count fits a signed 32-bit index
+MAX_LAYERS = 4096               # far above any real model (27B: 64), low enough that a typo cannot build
+                                # millions of layer entries
 CONFIG_MAX_BYTES = 16 << 20     # a config.json is a few KiB; refuse anything absurd before parsing it
 
 # Config field -> the config.json key it comes from (messages name both).
@@ -39,7 +43,7 @@ HF_KEYS = {
 }
 # Integer fields: (lowest, highest) allowed value.
 _INT_RANGES = {
-    "vocab_size": (1, MAX_SIZE), "hidden_size": (1, MAX_SIZE), "num_layers": (1, MAX_SIZE),
+    "vocab_size": (1, MAX_SIZE), "hidden_size": (1, MAX_SIZE), "num_layers": (1, MAX_LAYERS),
     "num_heads": (1, MAX_SIZE), "num_kv_heads": (1, MAX_SIZE), "head_dim": (1, MAX_SIZE),
     "intermediate_size": (1, MAX_SIZE), "lin_num_key_heads": (1, MAX_SIZE), "lin_num_value_heads": (1, MAX_SIZE),
     "lin_key_head_dim": (1, MAX_SIZE), "lin_value_head_dim": (1, MAX_SIZE), "conv_kernel": (2, MAX_SIZE),
@@ -60,8 +64,6 @@ def is_real(x) -> bool:
 def _int_error(what: str, value, lo: int, hi: int) -> str:
     if lo == 0 and hi == 1:
         return f"{what} must be 0 or 1 (kestrel runs at most one MTP layer), got {value!r}"
-    if hi == MAX_SIZE:
-        return f"{what} must be an int >= {lo}, got {value!r}"
     return f"{what} must be an int in [{lo}, {hi}], got {value!r}"
 
 
@@ -102,12 +104,12 @@ class Config:
             v = getattr(self, f)
             if is_real(v):
                 setf(f, float(v))
-        if type(self.tie_word_embeddings).__name__ == "bool_":   # NumPy's bool
+        if isinstance(self.tie_word_embeddings, np.bool_):
             setf("tie_word_embeddings", bool(self.tie_word_embeddings))
         lt = self.layer_types
         if isinstance(lt, (str, bytes)) or not isinstance(lt, (tuple, list)):
             raise self._error("layer_types", lt, "must be a list or tuple of layer type names")
-        if not lt and is_int(self.num_layers) and 1 <= self.num_layers <= MAX_SIZE:
+        if not lt and is_int(self.num_layers) and 1 <= self.num_layers <= MAX_LAYERS:
             lt = default_layer_types(self.num_layers, 4)
         setf("layer_types", tuple(lt))
         self.validate()
@@ -318,7 +320,7 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
             raise ConfigError(f"config key {label}={v!r} must be a JSON boolean (true or false)")
         return v
 
-    n_layers = integer("num_hidden_layers")
+    n_layers = integer("num_hidden_layers", hi=MAX_LAYERS)
     interval = integer("full_attention_interval", 4)  # checked even when layer_types makes it unused
     lt = cfg.get("layer_types")
     if lt is None:

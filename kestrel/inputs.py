@@ -122,10 +122,11 @@ def hidden_rows(x, shape: tuple, what: str, xp=np):
         raise TokenError(f"{what} has shape {list(got)}, expected {list(shape)}")
     kind = np.dtype(arr.dtype).kind
     if kind != "f":
-        names = {"c": "complex", "b": "bool", "O": "object", "i": "integer", "u": "integer"}
-        raise TokenError(f"{what} must be real floats, got a {names.get(kind, str(arr.dtype))} array "
+        names = {"c": "a complex", "b": "a bool", "O": "an object", "i": "an integer", "u": "an integer"}
+        raise TokenError(f"{what} must be real floats, got {names.get(kind, 'a ' + str(arr.dtype))} array "
                          f"(dtype {arr.dtype})")
-    out = mod.ascontiguousarray(arr, dtype=np.float32)
+    with np.errstate(over="ignore"):   # an overflow to Inf is reported below, by name
+        out = mod.ascontiguousarray(arr, dtype=np.float32)
     if out is arr:
         out = out.copy()  # the engine keeps no reference to the caller's array
     if not bool(mod.isfinite(out).all()):   # after the cast: 1e300 in float64 is Inf in float32

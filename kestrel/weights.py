@@ -184,8 +184,9 @@ class SafetensorsFile:
                 if count == 0:
                     arr = np.zeros(e.shape, dt.newbyteorder("="))
                 else:
-                    arr = np.frombuffer(mm, dtype=dt, count=count, offset=self.data_start + e.begin)
-                    arr = arr.astype(dt.newbyteorder("="), copy=True).reshape(e.shape)
+                    view = np.frombuffer(mm, dtype=dt, count=count, offset=self.data_start + e.begin)
+                    arr = view.reshape(e.shape).astype(dt.newbyteorder("="), copy=True)  # owned, native order
+                    del view
                 if e.dtype == "BF16":
                     arr = ("bf16", arr) if keep_bf16 else bf16_to_f32(arr)
                 out[name] = arr
