@@ -1,9 +1,11 @@
 // kernels/gdn.cu: Gated DeltaNet token steps for M rows in two launches (NumPy twin and
 // launchers: kestrel/ops/gdn.py). State lives in a ring of slots: slot s of layer g starts at
-// ring + s·slot_stride; the live slot is ctrl[CTRL_SLOT] (mod nslots). checkpoint = 0: the live state
-// is updated in place. checkpoint = 1: the state (and conv window) after row j goes to slot
-// (live + 1 + j) mod nslots, row j+1 starts from it, and the live slot is only read: the
-// engine's per-row checkpoints (policy "checkpoint").
+// ring + s·slot_stride; the live slot is ctrl[CTRL_SLOT] (mod nslots). `mode` (GDN_MODES in
+// kestrel/program.py): GDN_IN_PLACE: the live state is updated in place. GDN_CHECKPOINT: the
+// state (and conv window) after row j goes to slot (live + 1 + j) mod nslots, row j+1 starts
+// from it, and the live slot is only read: the engine's per-row checkpoints (policy
+// "checkpoint"). GDN_CACHE: the rows run on the block's private copy and nothing is written
+// back (policy "input-cache": the inputs are kept and folded in later, in place).
 //
 // gdn_conv    causal depthwise conv + SiLU, one thread per channel c of C = 2·nk·dk + nv·dv:
 //               window = [hist[c, 0..K-2] | qkv[j, c]];  x[j, c] = silu(Σ_i window[i] · w[c, i])
@@ -27,7 +29,7 @@
 
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     const float* __restrict__ qkv, int ldq, const float* __restrict__ w, float* __restrict__ xo, int ldx,
-    float* __restrict__ hist_ring, i64 slot_stride, int nslots, int checkpoint, const int* __restrict__ ctrl, int M,
+    float* __restrict__ hist_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,
     int C, int K) {
     griddep_launch();
     griddep_wait();
@@ -51,14 +53,14 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
 #pragma unroll
         for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
             if (i < K - 1) win[i] = (i + 1 < K - 1) ? win[i + 1] : xin;
-        if (checkpoint) {
+        if (mode == GDN_CHECKPOINT) {
             float* hd = hist_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + (i64)c * (K - 1);
 #pragma unroll
             for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
                 if (i < K - 1) hd[i] = win[i];
         }
     }
-    if (!checkpoint) {
+    if (mode == GDN_IN_PLACE) {
 #pragma unroll
         for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
             if (i < K - 1) hin[i] = win[i];
@@ -90,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
     const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz, const float* __restrict__ b, int ldb,
     const float* __restrict__ a, int lda, const float* __restrict__ A_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring, i64 slot_stride,
-    int nslots, int checkpoint, const int* __restrict__ ctrl, int M, int nk, int nv, int dk, int dv, float qscale,
+    int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv, int dk, int dv, float qscale,
     float eps) {
     extern __shared__ float4 sm4[];   // float4: 16-byte aligned for the vector state copies
     float* sm = reinterpret_cast<float*>(sm4);
@@ -177,8 +179,8 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
             const float zz = z[(i64)j * ldz + (i64)h * dv + tid];
             y[(i64)j * ldy + (i64)h * dv + tid] = (norm_w[tid] * (o * inv)) * silu_f(zz);
         }
-        if (checkpoint) copy_state(S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff, S, n);
+        if (mode == GDN_CHECKPOINT) copy_state(S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff, S, n);
         __syncthreads();
     }
-    if (!checkpoint) copy_state(Sg, S, n);
+    if (mode == GDN_IN_PLACE) copy_state(Sg, S, n);
 }

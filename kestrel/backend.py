@@ -75,25 +75,30 @@ class CPUBackend:
         return (b - a) * 1e3
 
     # ---- the program, op by op --------------------------------------------------------
-    def run(self, model, prog, st, tokens, pos: int, hid=None, checkpoint: bool = False):
+    def run(self, model, prog, st, tokens, pos: int, hid=None, gdn_mode: str = "in_place"):
         """Execute `prog` (kestrel/program.py) over M rows at positions pos..pos+M-1 on the
         engine's DeviceState `st`. Returns (hidden [M, D], logits [M, V])."""
         env = {"tokens": np.asarray(tokens, dtype=np.int64)}
         if hid is not None:
             env["hid"] = np.ascontiguousarray(hid, dtype=np.float32)
-        self.execute(model, prog, prog.ops, env, st, pos, checkpoint)
+        self.execute(model, prog, prog.ops, env, st, pos, gdn_mode)
         return env[prog.hidden], env[prog.logits]
 
-    def execute(self, model, prog, ops, env: dict, st, pos: int, checkpoint: bool = False):
+    def fold(self, model, prog, st, n: int):
+        """The fold program over the first n cached GDN input rows, in place."""
+        env = {f"gdn_in.{g}": st.gdn_in[g, :n] for g in range(st.gdn_in.shape[0])}
+        self.execute(model, prog, prog.ops, env, st, 0, "in_place")
+
+    def execute(self, model, prog, ops, env: dict, st, pos: int, gdn_mode: str = "in_place"):
         """Run `ops` (a slice of `prog`, e.g. one layer's mixer) on the buffers in `env`."""
         for op in ops:
-            self._OPS[op.kind](self, model, prog, op, env, st, pos, checkpoint)
+            self._OPS[op.kind](self, model, prog, op, env, st, pos, gdn_mode)
         return env
 
-    def _embed(self, model, prog, op, env, st, pos, checkpoint):
+    def _embed(self, model, prog, op, env, st, pos, gdn_mode):
         env[op.dst] = _head.embed(model.w[op.weights[0].name], env[op.src])
 
-    def _rmsnorm(self, model, prog, op, env, st, pos, checkpoint):
+    def _rmsnorm(self, model, prog, op, env, st, pos, gdn_mode):
         x = env[op.src]
         y = _norm.rmsnorm(x, model.w[op.weights[0].name], model.cfg.rms_norm_eps)
         width = prog.width(op.dst)
@@ -104,7 +109,7 @@ class CPUBackend:
             env[op.dst] = np.empty((x.shape[0], width), np.float32)
         env[op.dst][:, op.col:op.col + y.shape[1]] = y
 
-    def _linear(self, model, prog, op, env, st, pos, checkpoint):
+    def _linear(self, model, prog, op, env, st, pos, gdn_mode):
         x, w = env[op.src], model.w
         parts = [_linear.linear(x, w[wt.name]) for wt in op.weights]   # each weight on its own (see program.py)
         if op.epilogue == "swiglu":
@@ -113,14 +118,17 @@ class CPUBackend:
         y = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         env[op.dst] = env[op.dst] + y if op.epilogue == "add" else y
 
-    def _gdn(self, model, prog, op, env, st, pos, checkpoint):
+    def _gdn(self, model, prog, op, env, st, pos, gdn_mode):
         c, w = model.cfg, model.w
         conv_w, A_log, dt_bias, norm_w = (w[wt.name] for wt in op.weights)
-        S, hist, S_to, hist_to = st.gdn_slots(op.state[1], env[op.src].shape[0], checkpoint)
+        g, m = op.state[1], env[op.src].shape[0]
+        if gdn_mode == "cache":       # keep the rows' inputs for the fold
+            st.gdn_in[g, :m] = env[op.src]
+        S, hist, S_to, hist_to = st.gdn_slots(g, m, gdn_mode)
         env[op.dst] = _gdn.gdn_rows(_gdn.GDNShape.of(c), *_gdn.split_in_proj(c, env[op.src]),
                                     conv_w.reshape(conv_w.shape[0], -1), A_log, dt_bias, norm_w, S, hist, S_to, hist_to)
 
-    def _attention(self, model, prog, op, env, st, pos, checkpoint):
+    def _attention(self, model, prog, op, env, st, pos, gdn_mode):
         c, w = model.cfg, model.w
         ain = env[op.src]
         kc, vc = st.kv(op.state)

@@ -19,7 +19,6 @@ Primitives:
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +30,7 @@ from .state import DeviceState
 from .ops.linear import ROWS
 
 BATCH_MODES = ("strict", "flex")
+_FINISH = {"checkpointed": "select_checkpoint", "cached": "fold_cached"}   # what ends a pending verify
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Engine:
         self.attn_len = [0] * self.n_attn     # per attention layer (always == pos between calls)
         self.mtp_len = 0                      # MTP cursor
         self.snap = None                      # dict(pos, attn_len, mtp_len) while a mark is live
-        self.pending = None                   # (pos, M) after verify_checkpointed
+        self.pending = None                   # (kind, pos, M) after verify_checkpointed / verify_cached
 
     @property
     def slot(self) -> int:
@@ -127,8 +127,9 @@ class Engine:
 
     def _no_pending(self, what: str):
         if self.pending is not None:
-            raise SnapshotError(f"{what}: a checkpointed verify at position {self.pending[0]} is pending; "
-                                f"call select_checkpoint(n) first")
+            kind, pos, _ = self.pending
+            raise SnapshotError(f"{what}: a {kind} verify at position {pos} is pending; call "
+                                f"{_FINISH[kind]}(n) first")
 
     def _advance(self, m: int):
         self.pos += m
@@ -176,20 +177,51 @@ class Engine:
         self._check_width(m, "verify_checkpointed")
         self._no_pending("verify_checkpointed")
         self._check_pos(pos, m, self.pos, "verify_checkpointed")
-        h, lg = self.model.forward(toks, pos, self.state, checkpoint=True)
-        self.pending = (pos, m)
+        h, lg = self.model.forward(toks, pos, self.state, gdn_mode="checkpoint")
+        self.pending = ("checkpointed", pos, m)
         self._advance(m)
         return Step(h, lg)
+
+    def verify_cached(self, pos, tokens) -> Step:
+        """Like step_m, but the GDN state is only read: each GDN layer's inputs for the M rows
+        (its in-projection's output) are kept instead, kilobytes per row where a checkpoint
+        keeps the whole state. Follow with fold_cached(n)."""
+        toks = self._tokens(tokens, "verify_cached")
+        m = len(toks)
+        self._check_width(m, "verify_cached")
+        self._no_pending("verify_cached")
+        self._check_pos(pos, m, self.pos, "verify_cached")
+        h, lg = self.model.forward(toks, pos, self.state, gdn_mode="cache")
+        self.pending = ("cached", pos, m)
+        self._advance(m)
+        return Step(h, lg)
+
+    def _accept(self, kind: str, n, what: str):
+        """The pending verify's (pos, M) once n is checked (no state touched)."""
+        if self.pending is None or self.pending[0] != kind:
+            have = "none" if self.pending is None else f"a {self.pending[0]} one"
+            raise SnapshotError(f"{what}: no {kind} verify is pending ({have} is)")
+        _, pos, m = self.pending
+        if not _is_int(n) or not 0 <= n <= m:
+            raise BatchWidthError(f"{what}: n must be an int in [0, {m}], got {n!r}")
+        return pos, m
+
+    def fold_cached(self, n):
+        """Keep the first n rows of the pending cached verify (0 <= n <= M): the GDN layers run
+        the n rows' cached inputs into the live state in place (the same arithmetic as n plain
+        steps, so the state is bit-identical to theirs); attention cursors move to pos+n."""
+        pos, m = self._accept("cached", n, "fold_cached")
+        if n:
+            self.model.fold(int(n), self.state)
+        self.pending = None
+        self.pos = pos
+        self._advance(int(n))
 
     def select_checkpoint(self, n):
         """Keep the first n rows of the pending checkpointed verify (0 <= n <= M): the live GDN
         slot becomes row n-1's slot (n == 0: the untouched original); attention cursors move
         to pos+n. No copy, no replay."""
-        if self.pending is None:
-            raise SnapshotError("select_checkpoint: no checkpointed verify is pending")
-        pos, m = self.pending
-        if not _is_int(n) or not 0 <= n <= m:
-            raise BatchWidthError(f"select_checkpoint: n must be an int in [0, {m}], got {n!r}")
+        pos, m = self._accept("checkpointed", n, "select_checkpoint")
         self.state.slot = (self.slot + n) % self.nslots
         self.pending = None
         self.pos = pos

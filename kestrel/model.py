@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import Config
-from .program import main_program, mtp_program
+from .program import fold_program, main_program, mtp_program
 
 
 class Model:
@@ -20,16 +20,23 @@ class Model:
         self.head = self.w["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
         self.main = main_program(cfg)
         self.mtp = mtp_program(cfg)
+        self.fold_prog = fold_program(cfg)
         self.tokenizer = None
 
     @property
     def has_mtp(self) -> bool:
         return self.mtp is not None
 
-    def forward(self, tokens, pos: int, state, checkpoint: bool = False):
+    def forward(self, tokens, pos: int, state, gdn_mode: str = "in_place"):
         """Main model over M rows at positions pos..pos+M-1. Returns (hidden [M,D], logits [M,V]).
-        checkpoint: GDN rows write their states into the ring's slots (state.slot + 1 + j)."""
-        return self.be.run(self, self.main, state, tokens, pos, checkpoint=checkpoint)
+        gdn_mode (kestrel/program.py): in_place, checkpoint (row j's state into ring slot
+        state.slot + 1 + j) or cache (the live state only read; the inputs kept in state.gdn_in)."""
+        return self.be.run(self, self.main, state, tokens, pos, gdn_mode=gdn_mode)
+
+    def fold(self, n: int, state):
+        """Run the first n rows of the last cached verify's GDN inputs into the live state, in
+        place: S and hist become exactly what n plain steps would have left."""
+        self.be.fold(self, self.fold_prog, state, n)
 
     def mtp_forward(self, tokens, hidden, pos: int, state):
         """MTP head over M rows at positions pos.. of its own KV cache: (h' [M,D], logits [M,V])."""

@@ -40,8 +40,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .config import Config
+from .ops.gdn import GDN_MODES  # noqa: F401 (re-exported: the modes a program run takes)
 
 EPILOGUES = ("store", "add", "swiglu")
+# What a GDN op does with the recurrent state of its rows (GDN_MODES, kestrel/ops/gdn.py):
+#   in_place    update the live slot (plain steps)
+#   checkpoint  row j's state into slot live+1+j, the live slot only read (policy "checkpoint")
+#   cache       the live slot only read, nothing written; the rows' inputs (the in-projection's
+#               output) stay in DeviceState.gdn_in, and the fold program later runs the first
+#               n of them in place (policy "input-cache")
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,18 @@ def mtp_program(cfg: Config) -> Program | None:
     ops += [Op("rmsnorm", "x", "hidden", (Weight("mtp.norm.weight", (H,)),)),
             Op("linear", "hidden", "logits", (_head(cfg),))]
     return Program("mtp", _buffers(cfg, (("hid", H), ("e", H), ("cat", 2 * H))), tuple(ops), ("tokens", "hid"))
+
+
+@lru_cache(maxsize=64)
+def fold_program(cfg: Config) -> Program:
+    """The main program's GDN ops alone, each reading its layer's cached inputs ("gdn_in", g)
+    and updating the live state in place: n rows of it leave S and hist exactly as n plain
+    steps would (the same ops in the same order on the same inputs)."""
+    ops = tuple(Op("gdn", f"gdn_in.{op.state[1]}", "gy", op.weights, state=op.state)
+                for op in main_program(cfg).ops if op.kind == "gdn")
+    width = dict(main_program(cfg).buffers).get("gin", 0)
+    bufs = tuple((f"gdn_in.{g}", width) for g in range(len(ops))) + (("gy", cfg.lin_num_value_heads * cfg.lin_value_head_dim),)
+    return Program("fold", bufs, ops, ())
 
 
 def programs(cfg: Config) -> tuple:

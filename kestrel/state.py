@@ -4,6 +4,8 @@
     hist    [nslots, n_gdn, C, K-1]      fp32  GDN conv window (the last K-1 inputs), same ring
     kc, vc  [n_attn, max_seq, nkv, hd]   fp32  attention KV cache (rows past the cursor unused)
     mtp_kc, mtp_vc [max_seq, nkv, hd]          the MTP head's own KV cache (None without MTP)
+    gdn_in  [n_gdn, mmax, C + nv*dv + 2nv]     a cached verify's GDN inputs (the in-projection's
+                                               rows [qkv | z | b | a]), folded in by fold()
     S_snap, hist_snap                          mark()'s one-shot copy of the live slot
     slot                                       the live GDN slot
 
@@ -29,6 +31,7 @@ class DeviceState:
     hist_snap: object
     mtp_kc: object = None
     mtp_vc: object = None
+    gdn_in: object = None
     max_seq: int = 0
     slot: int = 0
 
@@ -41,6 +44,8 @@ class DeviceState:
                  kc=be.zeros((n_attn,) + kv), vc=be.zeros((n_attn,) + kv),
                  S_snap=be.zeros((n_gdn, nv, dk, dv)), hist_snap=be.zeros((n_gdn, cfg.conv_dim, cfg.conv_kernel - 1)),
                  max_seq=max_seq)
+        width = cfg.conv_dim + nv * dv + 2 * nv
+        st.gdn_in = be.zeros((n_gdn, nslots - 1, width)) if n_gdn else be.zeros((0, 1, 1))
         if mtp:
             st.mtp_kc, st.mtp_vc = be.zeros(kv), be.zeros(kv)
         return st
@@ -51,7 +56,7 @@ class DeviceState:
 
     def buffers(self) -> dict:
         d = {"S": self.S, "hist": self.hist, "kc": self.kc, "vc": self.vc, "S_snap": self.S_snap,
-             "hist_snap": self.hist_snap}
+             "hist_snap": self.hist_snap, "gdn_in": self.gdn_in}
         if self.mtp_kc is not None:
             d["mtp_kc"], d["mtp_vc"] = self.mtp_kc, self.mtp_vc
         return d
@@ -66,11 +71,14 @@ class DeviceState:
         kind, i = ref
         return (self.mtp_kc, self.mtp_vc) if kind == "mtp_kv" else (self.kc[i], self.vc[i])
 
-    def gdn_slots(self, g: int, m: int, checkpoint: bool):
-        """(S live, hist live, S targets, hist targets) of GDN layer g for an M-row call:
-        targets None = update in place; else one slot per row."""
+    def gdn_slots(self, g: int, m: int, mode: str):
+        """(S live, hist live, S targets, hist targets) of GDN layer g for an M-row call in
+        `mode` (kestrel/program.py GDN_MODES): targets None = update in place; "cache" = private
+        copies of the live slot, dropped after the call; "checkpoint" = one slot per row."""
         s, n = self.slot, self.nslots
-        if not checkpoint:
+        if mode == "in_place":
             return self.S[s, g], self.hist[s, g], None, None
+        if mode == "cache":
+            return self.S[s, g].copy(), self.hist[s, g].copy(), None, None
         rows = [(s + 1 + j) % n for j in range(m)]
         return self.S[s, g], self.hist[s, g], [self.S[r, g] for r in rows], [self.hist[r, g] for r in rows]

@@ -227,7 +227,15 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
         r["step_m_ms"][m] = med(timed(be, f, reps, before=eng.mark, after=eng.rollback))
         r["verify_ckpt_ms"][m] = med(timed(be, lambda m=m: eng.verify_checkpointed(p, toks[:m]), reps,
                                            after=lambda: eng.select_checkpoint(0)))
+    # the input cache: verify_cached(M), and folding n of 4 cached rows into the live state
+    r["verify_cached_ms"], r["fold_ms"] = {}, {}
+    for m in range(1, 5):
+        r["verify_cached_ms"][m] = med(timed(be, lambda m=m: eng.verify_cached(p, toks[:m]), reps,
+                                             after=lambda: eng.fold_cached(0)))
+        r["fold_ms"][m] = med(timed(be, lambda m=m: eng.fold_cached(m), reps,
+                                    before=lambda: (eng.mark(), eng.verify_cached(p, toks)), after=eng.rollback))
     st = r["step_m_ms"][1]
+    r["verify_cached_over_step"] = {m: v / st for m, v in r["verify_cached_ms"].items()}
     r["step_m_over_step"] = {m: v / st for m, v in r["step_m_ms"].items()}
     r["verify_ckpt_over_step"] = {m: v / st for m, v in r["verify_ckpt_ms"].items()}
     log("  step_m/step " + " ".join(f"M={m}:{v:.3f}" for m, v in r["step_m_over_step"].items())
@@ -272,7 +280,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
     for key, plan in list(plans.items()):
         if key[0] == "main" and plan.graph is not None and key[1] in (1, 4):
             n = 2 * reps
-            tag = f"{'verify' if key[2] else 'step'}{key[1]}"
+            tag = f"{'step' if key[2] == 'in_place' else key[2]}{key[1]}"
 
             def rep(g, n=n):
                 for _ in range(n):
@@ -295,7 +303,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
     if name in QWEN or name == "tiny":
         r["breakdown"] = {}
         for key, plan in list(plans.items()):
-            if key[0] == "main" and not key[2] and key[1] in ((1, 4) if name.endswith("27b") else (1,)):
+            if key[0] == "main" and key[2] == "in_place" and key[1] in ((1, 4) if name.endswith("27b") else (1,)):
                 try:
                     b = kernel_breakdown(be, plan)
                 except Exception as e:
@@ -466,6 +474,15 @@ def render_md(R: dict) -> str:
                  f"{sm[2]:.3f}, {sm[3]:.3f}, {sm[4]:.3f} | {vc[1]:.3f}, {vc[2]:.3f}, {vc[3]:.3f}, {vc[4]:.3f} | "
                  f"{r.get('mtp_step_ms', float('nan')):.3f} | {mk['ms']:.3f} / {mk['rollback_ms']:.3f} ({mk['floor_ms']:.3f}) | "
                  f"{ptxt} | {sp} |")
+    L += ["", "Input cache (policy input-cache): verify_cached(M) / step, and the fold of n cached rows into the "
+          "live state (ms), beside the checkpointed verify:", "",
+          "| preset | verify_cached/step M=1..4 | verify_ckpt/step M=1..4 | fold n=1..4 ms |", "|---|---|---|---|"]
+    for r in R["presets"]:
+        if "error" in r or "verify_cached_over_step" not in r:
+            continue
+        vq, vc, fo = r["verify_cached_over_step"], r["verify_ckpt_over_step"], r["fold_ms"]
+        L.append(f"| {r['preset']} | " + ", ".join(f"{vq[m]:.3f}" for m in sorted(vq)) + " | "
+                 + ", ".join(f"{vc[m]:.3f}" for m in sorted(vc)) + " | " + ", ".join(f"{fo[m]:.3f}" for m in sorted(fo)) + " |")
     L += ["", "Goals (reported, not asserted): 27B greedy ≤ 1.15× floor; verify M=4 ≤ 1.1× step; ahead of transformers.", ""]
     if R.get("peer"):
         p = R["peer"]

@@ -197,6 +197,41 @@ def test_verify_checkpointed_gpu(name, m, rng):
         assert rel(host(eg.step(5 + n, nxt).logits), ec.step(5 + n, nxt).logits) < MODEL
 
 
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_verify_cached_fold_gpu(name, dtype, rng):
+    """verify_cached rows == plain steps and the live state only read; fold_cached(n) leaves the
+    state of n plain steps bit for bit (graphs replayed on the second pass), close to the CPU."""
+    cpu, gpu = models(name, dtype, seed=8)
+    V = cpu.cfg.vocab_size
+    prompt = rng.integers(0, V, 5).tolist()
+    toks = rng.integers(0, V, 4).tolist()
+    ref = kestrel.Engine(gpu, max_seq=64, mmax=4)
+    ref.prefill(prompt)
+    rows, states = [], []
+    for j in range(4):
+        rows.append(ref.step(5 + j, toks[j]))
+        states.append(live(ref))
+    for rep in range(2):
+        for n in range(5):
+            eg, ec = kestrel.Engine(gpu, max_seq=64, mmax=4), kestrel.Engine(cpu, max_seq=64, mmax=4)
+            eg.prefill(prompt)
+            ec.prefill(prompt)
+            before = live(eg)
+            sg, sc = eg.verify_cached(5, toks), ec.verify_cached(5, toks)
+            assert np.array_equal(host(sg.logits), np.stack([host(r.logits) for r in rows])), (rep, n)
+            assert rel(host(sg.logits), sc.logits) < MODEL
+            S, h = eg.live_state()
+            assert np.array_equal(host(S), before["S"]) and np.array_equal(host(h), before["hist"])
+            eg.fold_cached(n)
+            ec.fold_cached(n)
+            assert_same(live(eg), before if n == 0 else states[n - 1])
+            Sg, _ = eg.live_state()
+            Sc, _ = ec.live_state()
+            assert rel(host(Sg), Sc) < MODEL
+    assert gpu.be.stats["graphs_captured"] > 0 and not gpu.be.stats["graph_errors"]
+
+
 def test_random_model_on_gpu_families():
     """Large presets draw on the GPU: same families as random_weights (not the same numbers)."""
     from kestrel.cuda import CUDABackend

@@ -1,4 +1,4 @@
-"""Engine rules of SPEC §3: batch invariance, the three primitives, per-row checkpoints, cursors."""
+"""Engine rules: batch invariance, the three primitives, per-row checkpoints, cached verify + fold, cursors."""
 import numpy as np
 import pytest
 
@@ -72,6 +72,58 @@ def test_verify_checkpointed_slots(model, rng):
         for j in range(n):
             e2.step(5 + j, toks[j])
         assert np.array_equal(e.step(5 + n, nxt).logits, e2.step(5 + n, nxt).logits)
+
+
+def test_verify_cached_fold(model, rng):
+    """Cached verify rows == step_m rows, the live state untouched until the fold; folding n
+    rows leaves exactly the state of n successive steps; the engine goes on identically."""
+    V = model.cfg.vocab_size
+    prompt = rng.integers(0, V, 5).tolist()
+    toks = rng.integers(0, V, 4).tolist()
+    ref, _ = fresh_engine(model, prompt, mmax=4)
+    rows, states = [], []
+    for j in range(4):
+        rows.append(ref.step(5 + j, toks[j]))
+        states.append(live(ref))
+    for n in range(0, 5):
+        e, _ = fresh_engine(model, prompt, mmax=4)
+        before = live(e)
+        s = e.verify_cached(5, toks)
+        assert np.array_equal(s.logits, np.stack([r.logits for r in rows]))
+        assert np.array_equal(s.hidden, np.stack([r.hidden for r in rows]))
+        S, h = e.live_state()
+        assert np.array_equal(S, before["S"]) and np.array_equal(h, before["hist"])   # only read
+        with pytest.raises(kestrel.SnapshotError, match="fold_cached"):
+            e.step(9, 1)
+        with pytest.raises(kestrel.SnapshotError, match="no checkpointed verify"):
+            e.select_checkpoint(n)
+        e.fold_cached(n)
+        assert_same(live(e), before if n == 0 else states[n - 1])
+        nxt = int(rng.integers(0, V))
+        e2, _ = fresh_engine(model, prompt, mmax=4)
+        for j in range(n):
+            e2.step(5 + j, toks[j])
+        assert np.array_equal(e.step(5 + n, nxt).logits, e2.step(5 + n, nxt).logits)
+
+
+def test_fold_cached_refuses_bad_n_unchanged(model, rng):
+    V = model.cfg.vocab_size
+    e, _ = fresh_engine(model, rng.integers(0, V, 4).tolist(), mmax=3)
+    with pytest.raises(kestrel.SnapshotError, match="no cached verify is pending"):
+        e.fold_cached(0)
+    e.verify_cached(4, rng.integers(0, V, 3).tolist())
+    snap = e.snapshot_state()
+    for bad in (-1, 4, 1.0, True, "1", None):
+        with pytest.raises(kestrel.KestrelError):
+            e.fold_cached(bad)
+        now = e.snapshot_state()
+        for k in snap:
+            if isinstance(snap[k], np.ndarray):
+                assert np.array_equal(now[k], snap[k]), k
+            else:
+                assert now[k] == snap[k], k
+    e.fold_cached(np.int64(2))          # NumPy ints are ints
+    assert e.cursor == 6
 
 
 def test_mark_rollback_restores_everything(model, rng):

@@ -1,5 +1,5 @@
 """CUDABackend: weights and buffers on the GPU, clocks (device events), and `run`, which
-lowers a model program into a plan (kestrel/cuda/lower.py) once per (program, M, checkpoint,
+lowers a model program into a plan (kestrel/cuda/lower.py) once per (program, M, GDN mode,
 DeviceState) and replays it as a CUDA graph.
 
 Weights: 2-D projection matrices in bf16 when asked (raw uint16 bits on the device), everything
@@ -173,24 +173,35 @@ class CUDABackend:
         """The model's cached plans (benchmarks read their graphs)."""
         return self._plans.setdefault(model, collections.OrderedDict())
 
-    def run(self, model, prog, st, tokens, pos: int, hid=None, checkpoint: bool = False):
+    def _plan(self, model, prog, st, M: int, gdn_mode: str):
+        """The cached plan of (prog, M, gdn_mode, the state's buffers), lowered on first use."""
+        if M > GRAPH_MAX_ROWS:
+            return lower(self, model, prog, st, M, gdn_mode)
+        key = (prog.name, M, gdn_mode, self.stack_projections, st.max_seq, st.nslots,
+               *(a.data.ptr for a in st.buffers().values()))
+        plans = self.plans(model)
+        plan = plans.get(key)
+        if plan is None:
+            plan = plans[key] = lower(self, model, prog, st, M, gdn_mode)
+            while len(plans) > PLAN_CACHE:
+                plans.popitem(last=False)
+        else:
+            plans.move_to_end(key)
+        return plan
+
+    def fold(self, model, prog, st, n: int):
+        """The fold program over the first n cached GDN input rows, in place (one graph per n)."""
+        with self.stream:
+            plan = self._plan(model, prog, st, n, "in_place")
+            self._staging.put(plan.ctrl, [0, st.slot, 0, 0])
+            plan.run()
+
+    def run(self, model, prog, st, tokens, pos: int, hid=None, gdn_mode: str = "in_place"):
         """Run `prog` over M rows at positions pos.. on DeviceState `st`: (hidden [M,D], logits [M,V])."""
         M = len(tokens)
-        key = (prog.name, M, bool(checkpoint), self.stack_projections, st.max_seq, st.nslots,
-               *(a.data.ptr for a in st.buffers().values()))
         cache = M <= GRAPH_MAX_ROWS
         with self.stream:
-            if cache:
-                plans = self.plans(model)
-                plan = plans.get(key)
-                if plan is None:
-                    plan = plans[key] = lower(self, model, prog, st, M, checkpoint)
-                    while len(plans) > PLAN_CACHE:
-                        plans.popitem(last=False)
-                else:
-                    plans.move_to_end(key)
-            else:
-                plan = lower(self, model, prog, st, M, checkpoint)
+            plan = self._plan(model, prog, st, M, gdn_mode)
             if hid is not None:
                 plan.bufs["hid"][...] = hid
             self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in tokens]])

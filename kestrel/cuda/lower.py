@@ -8,7 +8,8 @@ and the engine's DeviceState:
     rmsnorm    rmsnorm_launch (into a column range of its output for the MTP's concatenation)
     linear     one gemv_launch over the stacked matrix with the op's epilogue (stacked=True), or
                one per weight into column ranges of the output (+ swiglu_launch) (stacked=False)
-    gdn        gdn_conv_launch + gdn_recur_launch on the state ring (in place or per-row slots)
+    gdn        gdn_conv_launch + gdn_recur_launch on the state ring (in place, per-row slots, or
+               read only, the in-projection then writing straight into DeviceState.gdn_in)
     attention  kv_append_launch + attn_decode_launch on the op's KV cache
 
 Positions and the live slot are read from the ctrl block at run time, so a plan serves every
@@ -27,15 +28,23 @@ from .plan import GRAPH_MAX_ROWS, Plan
 
 
 class _Ctx:
-    def __init__(self, be, model, prog, st, M: int, checkpoint: bool):
-        self.be, self.model, self.prog, self.st, self.M, self.checkpoint = be, model, prog, st, M, checkpoint
+    def __init__(self, be, model, prog, st, M: int, gdn_mode: str):
+        self.be, self.model, self.prog, self.st, self.M, self.gdn_mode = be, model, prog, st, M, gdn_mode
         self.cfg, self.w = model.cfg, model.w
         self.P = Plan(be, M, graphable=M <= GRAPH_MAX_ROWS)
-        self.bufs = {name: self.P.buf(name, M, width) for name, width in prog.buffers}
+        self.bufs = {name: self.P.buf(name, M, width) for name, width in prog.buffers
+                     if not name.startswith("gdn_in.")}
+        for g in range(st.gdn_in.shape[0]):     # the cached GDN inputs live in the engine's state
+            self.bufs[f"gdn_in.{g}"] = st.gdn_in[g, :M]
         self.stacked = be.stacked(model) if be.stack_projections else {}
+        self.redirect = {}                      # op index -> the buffer it writes instead of op.dst
+        if gdn_mode == "cache":                 # each GDN in-projection writes its layer's cache rows
+            for i, op in enumerate(prog.ops):
+                if op.kind == "gdn":
+                    self.redirect[i - 1] = self.redirect[i] = f"gdn_in.{op.state[1]}"
 
     def ld(self, name: str) -> int:
-        return self.prog.width(name)
+        return self.prog.width(name) if not name.startswith("gdn_in.") else int(self.st.gdn_in.shape[2])
 
 
 def _embed(c: _Ctx, op):
@@ -49,9 +58,9 @@ def _rmsnorm(c: _Ctx, op):
     c.P.add(_norm.rmsnorm_launch(c.bufs[op.src], c.ld(op.src), w, dst, c.ld(op.dst), c.M, n, c.cfg.rms_norm_eps))
 
 
-def _linear_op(c: _Ctx, op):
-    X, Y, K = c.bufs[op.src], c.bufs[op.dst], op.weights[0].shape[1]
-    ldx, ldy = c.ld(op.src), c.ld(op.dst)
+def _linear_op(c: _Ctx, op, dst: str):
+    X, Y, K = c.bufs[op.src], c.bufs[dst], op.weights[0].shape[1]
+    ldx, ldy = c.ld(op.src), c.ld(dst)
     if op.stack and op.stack in c.stacked:
         half = op.weights[0].shape[0] if op.epilogue == "swiglu" else 0
         c.P.add(_linear.gemv_launch(c.stacked[op.stack], X, Y, c.M, K, ldx, ldy, op.epilogue, half))
@@ -72,18 +81,18 @@ def _linear_op(c: _Ctx, op):
         r0 += wt.shape[0]
 
 
-def _gdn_op(c: _Ctx, op):
+def _gdn_op(c: _Ctx, op, src: str):
     cfg, st, w = c.cfg, c.st, c.w
     sh = _gdn.GDNShape.of(cfg)
     _gdn.check_cuda_shape(sh)
     g = op.state[1]
     C, K, nvdv, nv = sh.C, sh.K, sh.nv * sh.dv, sh.nv
-    gin, width = c.bufs[op.src], c.ld(op.src)
+    gin, width = c.bufs[src], c.ld(src)
     xc = c.P.buf("gdn.conv_out", c.M, C)
     conv_w, A_log, dt_bias, norm_w = (w[wt.name] for wt in op.weights)
     cw = conv_w.reshape(C, K)
     c.P.keep.append(cw)
-    ck = int(c.checkpoint)
+    ck = c.gdn_mode
     c.P.add(_gdn.gdn_conv_launch(gin, width, cw, xc, C, st.hist[0, g], st.hist[0].size, st.nslots, ck, c.P.ctrl,
                                  c.M, C, K))
     c.P.add(_gdn.gdn_recur_launch(xc, C, gin[:, C:], width, gin[:, C + nvdv:], width, gin[:, C + nvdv + nv:], width,
@@ -105,13 +114,15 @@ def _attention_op(c: _Ctx, op):
                                      c.M, nh, nkv, hd, rh, eps, hd ** -0.5, c.st.max_seq))
 
 
-LOWER = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear_op, "gdn": _gdn_op, "attention": _attention_op}
-
-
-def lower(be, model, prog, st, M: int, checkpoint: bool) -> Plan:
-    """The plan of `prog` over M rows on DeviceState `st` (checkpoint: GDN rows into slots)."""
-    c = _Ctx(be, model, prog, st, M, checkpoint)
-    for op in prog.ops:
-        LOWER[op.kind](c, op)
-    c.P.hidden, c.P.logits = c.bufs[prog.hidden], c.bufs[prog.logits]
+def lower(be, model, prog, st, M: int, gdn_mode: str) -> Plan:
+    """The plan of `prog` over M rows on DeviceState `st` (gdn_mode: kestrel/program.py)."""
+    c = _Ctx(be, model, prog, st, M, gdn_mode)
+    for i, op in enumerate(prog.ops):
+        if op.kind == "linear":
+            _linear_op(c, op, c.redirect.get(i, op.dst))
+        elif op.kind == "gdn":
+            _gdn_op(c, op, c.redirect.get(i, op.src))
+        else:
+            {"embed": _embed, "rmsnorm": _rmsnorm, "attention": _attention_op}[op.kind](c, op)
+    c.P.hidden, c.P.logits = c.bufs.get(prog.hidden), c.bufs.get(prog.logits)
     return c.P

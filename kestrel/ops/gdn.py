@@ -22,8 +22,10 @@ L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
 GDN_CONV_THREADS = 128
 GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
 GDN_RECUR_THREADS = 512
+GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
-                "GDN_RECUR_THREADS": GDN_RECUR_THREADS}
+                "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_IN_PLACE": GDN_MODES["in_place"],
+                "GDN_CHECKPOINT": GDN_MODES["checkpoint"], "GDN_CACHE": GDN_MODES["cache"]}
 
 
 @dataclass
@@ -123,23 +125,23 @@ def check_cuda_shape(sh: GDNShape):
         raise ValueError(f"GDN head dims dk={sh.dk}, dv={sh.dv} are not supported by kernels/gdn.cu (shared memory)")
 
 
-def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, checkpoint, ctrl, M, C, K):
+def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, mode: str, ctrl, M, C, K):
     """Causal conv + SiLU of M rows; the conv window lives in slot ctrl[CTRL_SLOT] of hist_ring
-    (updated in place, or row j's window into slot live+1+j when checkpoint)."""
+    (mode in_place: updated; checkpoint: row j's window into slot live+1+j; cache: only read)."""
     args = (L.ptr(QKV), L.i32(ldq), L.ptr(conv_w), L.ptr(XC), L.i32(ldx), L.ptr(hist_ring), L.i64(slot_stride),
-            L.i32(nslots), L.i32(checkpoint), L.ptr(ctrl), L.i32(M), L.i32(C), L.i32(K))
+            L.i32(nslots), L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(C), L.i32(K))
     return L.kernel("gdn", "gdn_conv"), (L.cdiv(C, GDN_CONV_THREADS),), (GDN_CONV_THREADS,), args, 0
 
 
 def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
-                     checkpoint, ctrl, M, sh: GDNShape):
+                     mode: str, ctrl, M, sh: GDNShape):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
-    (updated in place, or row j's state into slot live+1+j when checkpoint)."""
+    (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read)."""
     check_cuda_shape(sh)
     fn = L.kernel("gdn", "gdn_recur")
     sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
     args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
             L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
-            L.i32(checkpoint), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),
+            L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),
             L.f32(np.float32(sh.dk ** -0.5)), L.f32(sh.eps))
     return fn, (sh.nv,), (GDN_RECUR_THREADS,), args, sm
