@@ -33,41 +33,41 @@ __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x));
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(fminf(x, 20.0f))); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct SumOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Warp-wide reduction by xor-butterfly: the same value in every lane, a fixed order.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp()); }
+__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, MaxOp()); }
 
-// Block-wide sum (blockDim.x a multiple of 32), same value in every thread, fixed order.
+// Block-wide reduction (blockDim.x a multiple of 32), same value in every thread, fixed order:
+// each warp's butterfly, then the warps' partials in warp order.
 // red: RED_FLOATS (>= 32) floats of shared memory; safe to call back to back.
-__device__ __forceinline__ float block_sum(float v, float* red) {
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float* red, Op op) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     __syncthreads();
     if (lane == 0) red[w] = v;
     __syncthreads();
     float t = red[0];
-    for (int i = 1; i < nw; ++i) t += red[i];
+    for (int i = 1; i < nw; ++i) t = op(t, red[i]);
     return t;
 }
 
-__device__ __forceinline__ float block_max(float v, float* red) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    float t = red[0];
-    for (int i = 1; i < nw; ++i) t = fmaxf(t, red[i]);
-    return t;
-}
+__device__ __forceinline__ float block_sum(float v, float* red) { return block_reduce(v, red, SumOp()); }
+__device__ __forceinline__ float block_max(float v, float* red) { return block_reduce(v, red, MaxOp()); }
 
 // Programmatic dependent launch (sm_90). Inside a captured decode graph, kestrel launches each
 // kernel with the programmatic-stream-serialization attribute, so it may start while its

@@ -11,22 +11,29 @@
 // f32_to_bf16  y[i] = bf16_rne(x[i] · scale), grid-stride, block BF16_THREADS.
 #include "common.cuh"
 
-extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_bf16(const bf16_t* __restrict__ table, const int* __restrict__ tok,
-                                                             float* __restrict__ y, int ldy, int H) {
+__device__ __forceinline__ float widen(bf16_t h) { return bf16_to_f32(h); }
+__device__ __forceinline__ float widen(float x) { return x; }
+
+template <class T>
+__device__ __forceinline__ void embed_rows(const T* __restrict__ table, const int* __restrict__ tok,
+                                           float* __restrict__ y, int ldy, int H) {
     griddep_launch();
     griddep_wait();
-    const bf16_t* row = table + (i64)tok[blockIdx.x] * H;
+    const T* row = table + (i64)tok[blockIdx.x] * H;
     float* yr = y + (i64)blockIdx.x * ldy;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = bf16_to_f32(row[i]);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = widen(row[i]);
 }
 
-extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_f32(const float* __restrict__ table, const int* __restrict__ tok,
-                                                            float* __restrict__ y, int ldy, int H) {
-    griddep_launch();
-    griddep_wait();
-    const float* row = table + (i64)tok[blockIdx.x] * H;
-    float* yr = y + (i64)blockIdx.x * ldy;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = row[i];
+extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_bf16(const bf16_t* __restrict__ table,
+                                                                       const int* __restrict__ tok,
+                                                                       float* __restrict__ y, int ldy, int H) {
+    embed_rows(table, tok, y, ldy, H);
+}
+
+extern "C" __global__ void __launch_bounds__(EMBED_THREADS) embed_f32(const float* __restrict__ table,
+                                                                      const int* __restrict__ tok,
+                                                                      float* __restrict__ y, int ldy, int H) {
+    embed_rows(table, tok, y, ldy, H);
 }
 
 __device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {

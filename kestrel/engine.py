@@ -159,42 +159,36 @@ class Engine:
         self._advance(1)
         return Step(h[0], lg[0])
 
-    def step_m(self, pos, tokens) -> Step:
-        """Batch of M rows at pos..pos+M-1. Row j is bit-identical to the j-th of M steps."""
-        toks = self._tokens(tokens, "step_m")
-        self._check_width(len(toks), "step_m")
-        self._no_pending("step_m")
-        self._check_pos(pos, len(toks), self.pos, "step_m")
-        h, lg = self.model.forward(toks, pos, self.state)
+    def _batch(self, pos, tokens, what: str) -> np.ndarray:
+        """Validate an M-row call at `pos` (tokens, width, no pending verify, contiguity)."""
+        toks = self._tokens(tokens, what)
+        self._check_width(len(toks), what)
+        self._no_pending(what)
+        self._check_pos(pos, len(toks), self.pos, what)
+        return toks
+
+    def _rows(self, pos, tokens, what: str, gdn_mode: str, pending: str | None) -> Step:
+        toks = self._batch(pos, tokens, what)
+        h, lg = self.model.forward(toks, pos, self.state, gdn_mode=gdn_mode)
+        if pending:
+            self.pending = (pending, pos, len(toks))
         self._advance(len(toks))
         return Step(h, lg)
+
+    def step_m(self, pos, tokens) -> Step:
+        """Batch of M rows at pos..pos+M-1. Row j is bit-identical to the j-th of M steps."""
+        return self._rows(pos, tokens, "step_m", "in_place", None)
 
     def verify_checkpointed(self, pos, tokens) -> Step:
         """Like step_m, but the GDN state (and conv window) after each row goes into its own
         slot and the live state is left as it was. Follow with select_checkpoint(n)."""
-        toks = self._tokens(tokens, "verify_checkpointed")
-        m = len(toks)
-        self._check_width(m, "verify_checkpointed")
-        self._no_pending("verify_checkpointed")
-        self._check_pos(pos, m, self.pos, "verify_checkpointed")
-        h, lg = self.model.forward(toks, pos, self.state, gdn_mode="checkpoint")
-        self.pending = ("checkpointed", pos, m)
-        self._advance(m)
-        return Step(h, lg)
+        return self._rows(pos, tokens, "verify_checkpointed", "checkpoint", "checkpointed")
 
     def verify_cached(self, pos, tokens) -> Step:
         """Like step_m, but the GDN state is only read: each GDN layer's inputs for the M rows
         (its in-projection's output) are kept instead, kilobytes per row where a checkpoint
         keeps the whole state. Follow with fold_cached(n)."""
-        toks = self._tokens(tokens, "verify_cached")
-        m = len(toks)
-        self._check_width(m, "verify_cached")
-        self._no_pending("verify_cached")
-        self._check_pos(pos, m, self.pos, "verify_cached")
-        h, lg = self.model.forward(toks, pos, self.state, gdn_mode="cache")
-        self.pending = ("cached", pos, m)
-        self._advance(m)
-        return Step(h, lg)
+        return self._rows(pos, tokens, "verify_cached", "cache", "cached")
 
     def _accept(self, kind: str, n, what: str):
         """The pending verify's (pos, M) once n is checked (no state touched)."""

@@ -43,6 +43,15 @@ def test_batch_invariance(model, rng, batch, mmax):
         assert_same(live(a), live(b))
 
 
+def _goes_on_like_steps(e, model, prompt, toks, n, rng):
+    """After accepting n rows, e's next step equals that of an engine that stepped them."""
+    nxt = int(rng.integers(0, model.cfg.vocab_size))
+    e2, _ = fresh_engine(model, prompt, mmax=4)
+    for j in range(n):
+        e2.step(len(prompt) + j, toks[j])
+    assert np.array_equal(e.step(len(prompt) + n, nxt).logits, e2.step(len(prompt) + n, nxt).logits)
+
+
 def test_verify_checkpointed_slots(model, rng):
     """Checkpointed verify rows == step_m rows; selecting n == n successive steps, no copy."""
     V = model.cfg.vocab_size
@@ -67,11 +76,7 @@ def test_verify_checkpointed_slots(model, rng):
         assert_same(got, want)
         assert e.state.S.__array_interface__["data"][0] == S_ptr  # selection moved an index, not data
         # and the engine keeps going from there exactly like the reference
-        nxt = int(rng.integers(0, V))
-        e2, _ = fresh_engine(model, prompt, mmax=4)
-        for j in range(n):
-            e2.step(5 + j, toks[j])
-        assert np.array_equal(e.step(5 + n, nxt).logits, e2.step(5 + n, nxt).logits)
+        _goes_on_like_steps(e, model, prompt, toks, n, rng)
 
 
 def test_verify_cached_fold(model, rng):
@@ -99,11 +104,7 @@ def test_verify_cached_fold(model, rng):
             e.select_checkpoint(n)
         e.fold_cached(n)
         assert_same(live(e), before if n == 0 else states[n - 1])
-        nxt = int(rng.integers(0, V))
-        e2, _ = fresh_engine(model, prompt, mmax=4)
-        for j in range(n):
-            e2.step(5 + j, toks[j])
-        assert np.array_equal(e.step(5 + n, nxt).logits, e2.step(5 + n, nxt).logits)
+        _goes_on_like_steps(e, model, prompt, toks, n, rng)
 
 
 def test_fold_cached_refuses_bad_n_unchanged(model, rng):
