@@ -7,8 +7,6 @@ DeviceState (kestrel/state.py) in.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .config import Config
 from .program import fold_program, main_program, mtp_program
 
@@ -46,7 +44,3 @@ class Model:
         c = self.cfg
         return (f"Model({c.name}: {c.num_layers} layers {len(c.gdn_layers)} GDN + {len(c.attn_layers)} attn, "
                 f"H={c.hidden_size}, vocab={c.vocab_size}, mtp={c.mtp_layers}, backend={self.be.name})")
-
-
-def numpy_param_count(tensors: dict) -> int:
-    return int(sum(np.prod(t.shape) for t in tensors.values()))
