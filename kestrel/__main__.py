@@ -1,23 +1,62 @@
 """Command line: python -m kestrel <command> ...
 
-  spec    speculative decoding over the starts, with the seed's log lines per start and overall
+  spec    speculative decoding over the starts, with the article's log lines per start and overall
           python -m kestrel spec --k 3 --T 64 --starts all --drafter mtp --policy checkpoint \\
                                  --model tiny --device auto --json out.json
-  accept  teacher-forced MTP acceptance on the greedy streams (the seed's E16)
+  accept  teacher-forced MTP acceptance on the greedy streams (the article's E16)
           python -m kestrel accept --depth 4 --T 64 --starts all --pairing both --model tiny
   costs   measure unit costs and predict ms/token and speedup for a histogram or profile
           python -m kestrel costs --k 3 --hist "0:24 1:6 2:11 3:4" --model tiny
+
+Every user error (an argument, the model, the device, an output path) prints one line
+`kestrel: error: ...` to stderr and exits 2 before anything runs; a run whose stream is not
+bit-exact exits 1. Each command checks all its arguments first, then runs.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+
+from .errors import DeviceError, KestrelError
+
+
+class UsageError(Exception):
+    """A user error found before the run: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):             # one line instead of argparse's usage + message
+        command = self.prog.replace("python -m kestrel", "").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+def _count(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"expected an int >= {lo}, got {v}")
+        return v
+    return parse
 
 
 def _load(args):
     import kestrel
-    return kestrel.load(args.model, device=args.device, dtype=args.dtype, seed=args.weights_seed)
+    model = args.model
+    if model != "tiny" and model not in kestrel.PRESETS and not Path(model).is_dir():
+        raise UsageError(f"--model {model!r}: not 'tiny', a preset ({', '.join(kestrel.PRESETS)}) "
+                         f"or a checkpoint directory")
+    try:
+        return kestrel.load(model, device=args.device, dtype=args.dtype, seed=args.weights_seed)
+    except DeviceError as e:
+        raise UsageError(f"--device {args.device}: {e}") from None
+    except (KestrelError, OSError) as e:
+        raise UsageError(f"--model {model!r}: {e}") from None
 
 
 def _starts(model, which: str):
@@ -28,19 +67,33 @@ def _starts(model, which: str):
     try:
         idx = [int(x) for x in which.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"--starts takes 'all' or comma-separated indices 0..{len(allst) - 1}, got {which!r}")
+        raise UsageError(f"--starts takes 'all' or comma-separated indices 0..{len(allst) - 1}, got {which!r}") from None
     bad = [i for i in idx if not 0 <= i < len(allst)]
     if bad or not idx:
-        raise SystemExit(f"--starts: indices must be in 0..{len(allst) - 1}, got {which!r}")
+        raise UsageError(f"--starts: indices must be in 0..{len(allst) - 1}, got {which!r}")
     return [(i, allst[i]) for i in idx]
+
+
+def _check_output(path: str | None):
+    """A --json path must be writable before the run starts (the run may take long)."""
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"--json {path!r} is a directory")
+    if not parent.is_dir():
+        raise UsageError(f"--json {path!r}: the directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UsageError(f"--json {path!r} is not writable")
 
 
 def _common(p):
     p.add_argument("--model", default="tiny", help="'tiny', a preset name (random weights), or a checkpoint directory")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"), help="projection weights")
-    p.add_argument("--weights-seed", type=int, default=0, help="seed of random preset weights")
-    p.add_argument("--T", type=int, default=64, help="tokens to generate per start")
+    p.add_argument("--weights-seed", type=_count(0), default=0, help="seed of random preset weights")
+    p.add_argument("--T", type=_count(1), default=64, help="tokens to generate per start")
     p.add_argument("--starts", default="all", help="'all' or indices, e.g. 0,2,5")
     p.add_argument("--json", default=None, help="write the full results here")
 
@@ -49,23 +102,49 @@ def _label(lab: str) -> str:
     return repr(lab) if len(lab) <= 40 else repr(lab[:37] + "...")
 
 
-def cmd_spec(args) -> int:
+def _checked(fn, what: str):
+    """Run a check of kestrel's; its named error becomes a usage error."""
+    try:
+        return fn()
+    except KestrelError as e:
+        raise UsageError(f"{what}{e}") from None
+
+
+# ---- spec --------------------------------------------------------------------------------------
+def check_spec(args):
+    """-> (model, starts, run_spec keyword arguments), every start's arguments checked."""
     from kestrel import spec
+    _check_output(args.json)
+    if args.drafter != "replay" and (args.hist or args.profile):
+        raise UsageError("--hist/--profile drive the replay drafter: add --drafter replay")
+    if args.drafter != "mtp" and args.feed != "correct":
+        raise UsageError("--feed changes the mtp drafter's inputs: add --drafter mtp")
     model = _load(args)
     starts = _starts(model, args.starts)
-    kw = {}
+    schedule = None
     if args.drafter == "replay":
         if sum(x is not None for x in (args.hist, args.profile)) != 1:
-            raise SystemExit("--drafter replay needs one of --hist '0:24 1:6 2:11 3:4' or --profile '0.714,0.364,...'")
-        kw = dict(hist=args.hist, profile=spec.parse_profile(args.profile) if args.profile else None,
-                  pairing=args.pairing, seed=args.seed)
+            raise UsageError("--drafter replay needs one of --hist '0:24 1:6 2:11 3:4' or --profile '0.714,0.364,...'")
+        src = dict(hist=args.hist) if args.hist else dict(profile=_checked(lambda: spec.parse_profile(args.profile),
+                                                                            "--profile: "))
+        schedule = _checked(lambda: spec.Schedule(**src, pairing=args.pairing, seed=args.seed),
+                            "--hist: " if args.hist else "--profile: ")
+    kw = dict(policy=args.policy, drafter=args.drafter, schedule=schedule, tail=args.tail,
+              mistakes=spec.Mistakes(feed=args.feed))
+    for i, (lab, toks) in starts:
+        _checked(lambda: spec.validate_run(model, toks, args.T, args.k, **kw), f"start {i}: ")
+    return model, starts, kw
+
+
+def cmd_spec(args) -> int:
+    from kestrel import spec
+    model, starts, kw = check_spec(args)
     results = []
     print(f"[spec] model={model.cfg.name} ({model.source}) device={getattr(model.be, 'device_name', model.be.name)} "
           f"policy={args.policy} drafter={args.drafter} k={args.k} T={args.T}")
     for i, (lab, toks) in starts:
-        r = spec.run_spec(model, toks, args.T, args.k, args.policy, args.drafter, tail=args.tail, feed=args.feed,
-                          greedy=not args.no_greedy,
-                          reference=None if not args.no_greedy else spec.reference_stream(model, toks, args.T), **kw)
+        ref = None if not args.no_greedy else spec.reference_stream(model, toks, args.T)
+        r = spec.run_spec(model, toks, args.T, args.k, greedy=not args.no_greedy, reference=ref, **kw)
         results.append((i, lab, r))
         print(f"== start {i}: {_label(lab)} (P={len(toks)})")
         for line in r.log_lines():
@@ -74,22 +153,25 @@ def cmd_spec(args) -> int:
             print(f"[spec] text: {model.tokenizer.decode(r.stream)!r}")
     s = spec.aggregate([r for _, _, r in results])
     print(f"== overall: {len(results)} start(s)")
-    for line in spec.log_lines(s):
+    for line in s.log_lines():
         print(line)
     if args.json:
-        out = {"command": " ".join(["python -m kestrel"] + sys.argv[1:]), "summary": s,
+        out = {"command": " ".join(["python -m kestrel"] + args.argv), "summary": s.to_dict(),
                "starts": [{"index": i, "label": lab, **r.to_dict()} for i, lab, r in results]}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=str)
+        Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"[spec] wrote {args.json}")
-    return 0 if s.get("bit_exact") in (True, None) else 1
+    return 0 if s.bit_exact in (True, None) else 1
 
 
+# ---- accept ------------------------------------------------------------------------------------
 def cmd_accept(args) -> int:
     from kestrel import spec
+    _check_output(args.json)
     model = _load(args)
     starts = _starts(model, args.starts)
-    pairings = ("mtp", "seed") if args.pairing == "both" else (args.pairing,)
+    pairings = tuple(spec.Pairing) if args.pairing == "both" else (spec.Pairing.parse(args.pairing),)
+    for i, (lab, toks) in starts:
+        _checked(lambda: spec.check_length(args.T, model, len(toks)), f"start {i}: ")
     out = {}
     for pairing in pairings:
         accs = []
@@ -101,79 +183,102 @@ def cmd_accept(args) -> int:
         print(f"overall: {tot.line()}")
         adv = tot.to_dict()["advance"]
         print("[accept] expected advance/round by k: " + ", ".join(f"k={k}: {v:.3f}" for k, v in adv.items()))
-        out[pairing] = {"overall": tot.to_dict(), "starts": [a.to_dict() for a in accs]}
+        out[pairing.value] = {"overall": tot.to_dict(), "starts": [a.to_dict() for a in accs]}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        Path(args.json).write_text(json.dumps(out, indent=1))
         print(f"[accept] wrote {args.json}")
     return 0
 
 
+# ---- costs -------------------------------------------------------------------------------------
 def cmd_costs(args) -> int:
     from kestrel import spec
+    _check_output(args.json)
+    if args.hist and args.profile:
+        raise UsageError("give one of --hist and --profile")
+    if args.hist:
+        src = dict(hist=_checked(lambda: spec.parse_hist(args.hist), "--hist: "))
+        _checked(lambda: spec.check_hist(src["hist"], args.k, spec.Pairing.ARTICLE), "--hist: ")
+    else:
+        src = dict(profile=_checked(lambda: spec.parse_profile(args.profile or ",".join(map(str, spec.E16_PROFILE))),
+                                    "--profile: "))
+        _checked(lambda: spec.check_profile(src["profile"], args.k, spec.Pairing.TRAINED), "--profile: ")
     model = _load(args)
-    u = spec.measure_unit_costs(model, k_max=max(args.k, 1), ctx=args.ctx, reps=args.reps)
+    _checked(lambda: spec.check_measurement(model, args.k, args.ctx, args.reps, 1), "")
+    u = spec.measure_unit_costs(model, k_max=args.k, ctx=args.ctx, reps=args.reps)
     print(f"[costs] {model.cfg.name} on {u.meta['device']}, context {args.ctx} (median of {args.reps}), ms:")
     print(f"  step(M=1) {u.step:.3f}  draft(MTP M=1 + argmax) {u.draft:.3f}  mark {u.mark:.3f}  "
           f"rollback {u.rollback:.3f}  select {u.select:.3f}  argmax {u.argmax:.3f}")
     for m in sorted(u.step_m):
         print(f"  M={m}: step_m {u.step_m[m]:.3f}  verify_checkpointed {u.ckpt[m]:.3f}  mtp batch {u.mtp[m]:.3f}")
-    src = dict(hist=args.hist) if args.hist else dict(profile=spec.parse_profile(args.profile or "0.714,0.364,0.5,0.75"))
     preds = []
-    for pol in spec.POLICIES:
-        for pairing in ("seed", "mtp"):
+    for pol in spec.POLICIES.values():
+        for pairing in spec.Pairing:
             try:
                 pr = spec.predict(u, pol, pairing, args.k, **src)
-            except Exception as e:          # e.g. a histogram with n_ok = 0 under pairing mtp
-                print(f"  {pol:12s} pairing={pairing}: n/a ({e})")
+            except spec.ScheduleError as e:       # e.g. a histogram with n_ok = 0 under the trained pairing
+                print(f"  {pol.name:12s} pairing={pairing.value}: n/a ({e})")
                 continue
-            preds.append(pr)
-            print(f"  {pol:12s} pairing={pairing}: {pr['ms_per_token']:.3f} ms/token, advance/round "
-                  f"{pr['advance_per_round']:.3f}, predicted speedup {pr['speedup']:.3f}x")
+            preds.append(pr.to_dict())
+            print(f"  {pol.name:12s} pairing={pairing.value}: {pr.ms_per_token:.3f} ms/token, advance/round "
+                  f"{pr.advance_per_round:.3f}, predicted speedup {pr.speedup:.3f}x")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"units": u.to_dict(), "predictions": preds}, f, indent=1)
+        Path(args.json).write_text(json.dumps({"units": u.to_dict(), "predictions": preds}, indent=1))
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kestrel", description="kestrel: speculative decoding with an MTP "
-                                 "draft head on hybrid GDN + attention models")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("spec", help="speculative decoding with the seed's log lines")
+def parser() -> argparse.ArgumentParser:
+    from kestrel.spec import DRAFTERS, FEEDS, PAIRINGS, POLICIES, TAILS
+    ap = _Parser(prog="python -m kestrel", description="kestrel: speculative decoding with an MTP "
+                 "draft head on hybrid GDN + attention models")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    p = sub.add_parser("spec", help="speculative decoding with the article's log lines")
     _common(p)
-    p.add_argument("--k", type=int, default=3, help="drafts per round")
-    p.add_argument("--policy", default="checkpoint", choices=("replay", "flex-replay", "checkpoint"))
-    p.add_argument("--drafter", default="mtp", choices=("mtp-seed", "mtp", "replay"))
+    p.add_argument("--k", type=_count(1), default=3, help="drafts per round")
+    p.add_argument("--policy", default="checkpoint", choices=tuple(POLICIES))
+    p.add_argument("--drafter", default="mtp", choices=DRAFTERS)
     p.add_argument("--hist", default=None, help="replay drafter: n_ok histogram, e.g. '0:24 1:6 2:11 3:4'")
     p.add_argument("--profile", default=None, help="replay drafter: per-depth acceptance, e.g. '0.714,0.364,0.5,0.75'")
-    p.add_argument("--pairing", default="seed", choices=("seed", "mtp"), help="replay drafter: MTP pairing")
-    p.add_argument("--seed", type=int, default=0, help="replay drafter: schedule seed")
-    p.add_argument("--tail", default=None, choices=("plain", "shrink"),
+    p.add_argument("--pairing", default="article", choices=PAIRINGS, help="replay drafter: MTP pairing")
+    p.add_argument("--seed", type=_count(0), default=0, help="replay drafter: schedule seed")
+    p.add_argument("--tail", default=None, choices=TAILS,
                    help="fewer than k tokens left: plain M=1 steps (strict default) or a short batch (flex default)")
-    p.add_argument("--feed", default="correct", choices=("correct", "seed-pairing", "stale-hidden"),
+    p.add_argument("--feed", default="correct", choices=FEEDS,
                    help="mtp drafter inputs (wrong ones on purpose: bit-exact, acceptance collapses)")
     p.add_argument("--no-greedy", action="store_true", help="skip the timed greedy baseline")
     p.set_defaults(fn=cmd_spec)
     p = sub.add_parser("accept", help="teacher-forced MTP acceptance (E16)")
     _common(p)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--pairing", default="both", choices=("mtp", "seed", "both"))
+    p.add_argument("--depth", type=_count(1), default=4)
+    p.add_argument("--pairing", default="both", choices=PAIRINGS + ("both",))
     p.set_defaults(fn=cmd_accept)
     p = sub.add_parser("costs", help="unit costs and cost-model predictions")
     _common(p)
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--ctx", type=int, default=64)
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--k", type=_count(1), default=3)
+    p.add_argument("--ctx", type=_count(1), default=64)
+    p.add_argument("--reps", type=_count(1), default=5)
     p.add_argument("--hist", default=None)
     p.add_argument("--profile", default=None)
     p.set_defaults(fn=cmd_costs)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        args = parser().parse_args(argv)
+        args.argv = argv
         return args.fn(args)
-    except FileNotFoundError as e:
-        print(f"kestrel: {e} (random presets work meanwhile: --model test-a)", file=sys.stderr)
+    except UsageError as e:
+        _error(str(e))
         return 2
+    except KestrelError as e:              # found during a run: still the user's input, still one line
+        _error(f"{type(e).__name__}: {e}")
+        return 1
+
+
+def _error(msg: str):
+    print("kestrel: error: " + " ".join(msg.split()), file=sys.stderr)
 
 
 if __name__ == "__main__":

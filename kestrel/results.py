@@ -1,11 +1,13 @@
 """Results files written by the benchmark scripts (results/*.json), with their provenance.
 
 A figure in the book that shows a number not measured in the chapter itself loads it from
-here, and prints where it came from: device, date, command and commit.
+here, and prints where it came from: device, date, command and commit. load_bench() reads a
+speculative-decoding benchmark (scripts/bench_spec.py) into typed objects.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -35,3 +37,49 @@ def annotate(fig, d: dict) -> str:
     from .plots import annotate_provenance
     annotate_provenance(fig, line.replace("`", ""))
     return line
+
+
+@dataclass
+class SpecBench:
+    """One section of a speculative-decoding benchmark: its unit costs, its runs, and (the
+    end-to-end section) the model's teacher-forced acceptance per pairing."""
+    units: object                     # spec.UnitCosts
+    runs: list                        # [spec.RunSummary]
+    acceptance: dict = field(default_factory=dict)    # spec.Pairing -> alpha list
+    model: str | None = None
+    device: str | None = None
+    date: str | None = None
+    section: str = ""
+    path: str | None = None
+    provenance: str = ""
+
+
+SECTIONS = ("tiny", "large")
+
+
+def load_bench(source="bench_spec", section: str | None = None) -> SpecBench:
+    """A benchmark results file of scripts/bench_spec.py as a SpecBench.
+    source: a results name ('bench_spec' -> results/bench_spec.json), a path to such a JSON, or
+    the loaded dict. section: 'large' (the real shape, histogram replay) or 'tiny' (end to
+    end); default 'large' if present, else 'tiny'."""
+    from . import spec
+    from .errors import KestrelError
+    path = None
+    if isinstance(source, dict):
+        d = source
+    elif isinstance(source, str) and not source.endswith(".json") and "/" not in source:
+        d, path = load(source), str(RESULTS / f"{source}.json")
+    else:
+        p = Path(source)
+        d, path = json.loads(p.read_text()), str(p)
+    name = section or ("large" if "large" in d else "tiny")
+    if name not in SECTIONS or name not in d:
+        raise KestrelError(f"{path or 'results'}: no section {name!r} (has {[s for s in SECTIONS if s in d]})")
+    sec = d[name]
+    device = sec.get("device", d.get("device"))
+    runs = [spec.RunSummary.from_dict({"model": sec.get("model", ""), "device": device or "", **row})
+            for row in sec.get("runs", [])]
+    acc = {spec.Pairing.parse(pr): a.get("alpha") for pr, a in (sec.get("acceptance") or {}).items()}
+    return SpecBench(units=spec.UnitCosts.from_dict(sec["units"]), runs=runs, acceptance=acc,
+                     model=sec.get("model"), device=device, date=d.get("date"), section=name, path=path,
+                     provenance=provenance({**d, "device": device}))

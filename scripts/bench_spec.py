@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Speculative decoding benchmark (SPEC §8): writes results/bench_spec.json + results/bench_spec.md.
+"""Speculative decoding benchmark: writes results/bench_spec.json + results/bench_spec.md.
 
-  (a) tiny model, end to end: every policy x drafter (mtp-seed, mtp, replay driven by the E16
+  (a) tiny model, end to end: every policy x drafter (mtp-article, mtp, replay driven by the E16
       profile) x k = 1..4 over the six starts; greedy timed in the same run (each run_spec call
       times greedy decoding of the same start right before it); teacher-forced acceptance (E16)
       of the tiny MTP, both pairings.
   (b) Qwen3.5-27B shape with random bf16 weights on the GPU: the replay drafter driven by the
-      seed's histogram (0:24 1:6 2:11 3:4, pairing seed, k=3) and by the E16 profile (pairings
-      seed and mtp, k=3), under replay, flex-replay and checkpoint, with each phase's cost.
+      article's histogram (0:24 1:6 2:11 3:4, article pairing, k=3) and by the E16 profile (both
+      pairings, k=3), under replay, flex-replay and checkpoint, with each phase's cost.
   (c) the cost model: unit costs measured on each model; the prediction for each run's own
       rounds beside its measurement, and the pure prediction from the histogram/profile.
 
@@ -17,6 +17,7 @@ On CPU, fast:  python scripts/bench_spec.py --quick      (CPU stand-ins, T=16; t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import gc
 import json
@@ -49,19 +50,18 @@ def log(msg):
     print(msg, flush=True)
 
 
-def row_from(results, units, label: dict) -> dict:
-    s = spec.aggregate(results)
+def summary_of(results, units, schedule: str | None = None) -> spec.RunSummary:
+    """The runs' RunSummary, with the cost model priced for their own rounds."""
     c = spec.compare(units, results)
-    T = s["T"]
-    return {**label, "runs": s["runs"], "T": T, "rounds": s["rounds"], "hist": s["hist"],
-            "advance_per_round": s["advance_per_round"], "first_draft_hit": s["first_draft_hit"],
-            "cond_hits": [c_["rate"] for c_ in s["cond_hits"]], "tail_tokens": s["tail_tokens"],
-            "bit_exact": bool(s["bit_exact"]), "ms_per_token": s["ms_per_token"],
-            "greedy_ms_per_token": s["greedy_ms_per_token"], "speedup": s["speedup"],
-            "phase_ms_per_token": {ph: v / T for ph, v in s["phase_ms"].items()},
-            "predicted_ms_per_token": c["predicted_ms_per_token"], "predicted_speedup": c["predicted_speedup"],
-            "predicted_phase_ms_per_token": {ph: v / T for ph, v in c["predicted_phase_ms"].items()},
-            "log": spec.log_lines(s)}
+    s = spec.aggregate(results)
+    return dataclasses.replace(s, schedule=schedule, predicted_ms_per_token=c["predicted_ms_per_token"],
+                               predicted_speedup=c["predicted_speedup"],
+                               predicted_phase_ms_per_token={ph: v / s.T for ph, v in c["predicted_phase_ms"].items()})
+
+
+def row_of(s: spec.RunSummary, **extra) -> dict:
+    """A results row: the summary's dict, its log lines, and what else the report shows."""
+    return {**s.to_dict(), "log": s.log_lines(), **extra}
 
 
 # ---- (a) the tiny model end to end --------------------------------------------------------------------
@@ -80,34 +80,37 @@ def bench_tiny(args):
     max_seq = P + T + max(ks) + 2
     g_eng = kestrel.Engine(model, max_seq=max_seq, mmax=1, batch="flex")
     units = spec.measure_unit_costs(model, k_max=max(ks), ctx=P + T // 2, reps=3 if args.quick else 7)
-    drafters = [("mtp-seed", {}), ("mtp", {}),
-                ("replay", dict(profile=spec.E16_PROFILE, pairing="mtp"))]
+    drafters = ["mtp-article", "mtp", "replay"]
+
+    def schedule(dname, i):          # the replay drafter: the E16 profile, trained pairing, one seed per start
+        return spec.Schedule(profile=spec.E16_PROFILE, pairing="trained", seed=i) if dname == "replay" else None
     rows = []
     # engines are reused (reset between runs) and each (k, policy) group is warmed up first, so a
     # GPU backend's plans (CUDA graphs, keyed on the engine's buffers) are captured outside the timing
     for k in ks:
-        for policy in spec.POLICIES:
-            eng = kestrel.Engine(model, max_seq=max_seq, mmax=k, batch=spec.POLICIES[policy])
-            for dname, kw in drafters:
-                spec.run_spec(model, starts[0][1], min(T, 16), k, policy, dname, engine=eng, greedy_engine=g_eng, **kw)
-            for dname, kw in drafters:
-                res = [spec.run_spec(model, toks, T, k, policy, dname, seed=i, engine=eng, greedy_engine=g_eng, **kw)
+        for policy in spec.POLICIES.values():
+            eng = kestrel.Engine(model, max_seq=max_seq, mmax=k, batch=policy.batch)
+            for dname in drafters:
+                spec.run_spec(model, starts[0][1], min(T, 16), k, policy, dname, schedule=schedule(dname, 0),
+                              engine=eng, greedy_engine=g_eng)
+            for dname in drafters:
+                res = [spec.run_spec(model, toks, T, k, policy, dname, schedule=schedule(dname, i), engine=eng,
+                                     greedy_engine=g_eng)
                        for i, (_, toks) in enumerate(starts)]
-                row = row_from(res, units, {"policy": policy, "drafter": dname, "k": k,
-                                            "schedule": "E16 profile, pairing mtp" if dname == "replay" else None})
-                rows.append(row)
-                log(f"  {policy:11s} {dname:8s} k={k}: {row['ms_per_token']:.3f} ms/token "
-                    f"(greedy {row['greedy_ms_per_token']:.3f}) speedup {row['speedup']:.3f}x, "
-                    f"predicted {row['predicted_speedup']:.3f}x; advance/round {row['advance_per_round']:.3f}; "
-                    f"bit-exact {row['bit_exact']}")
+                s = summary_of(res, units, "E16 profile, trained pairing" if dname == "replay" else None)
+                rows.append(row_of(dataclasses.replace(s, drafter=dname)))
+                log(f"  {policy.name:11s} {dname:11s} k={k}: {s.ms_per_token:.3f} ms/token "
+                    f"(greedy {s.greedy_ms_per_token:.3f}) speedup {s.speedup:.3f}x, "
+                    f"predicted {s.predicted_speedup:.3f}x; advance/round {s.advance_per_round:.3f}; "
+                    f"bit-exact {s.bit_exact}")
             del eng
-    rows.sort(key=lambda r: (list(spec.POLICIES).index(r["policy"]), [d for d, _ in drafters].index(r["drafter"]), r["k"]))
+    rows.sort(key=lambda r: (list(spec.POLICIES).index(r["policy"]), drafters.index(r["drafter"]), r["k"]))
     acc = {}
-    for pairing in ("mtp", "seed"):
+    for pairing in spec.Pairing:
         a = spec.combine(spec.teacher_forced(model, toks, T=T, depth=4, pairing=pairing) for _, toks in starts)
-        acc[pairing] = a.to_dict()
+        acc[pairing.value] = a.to_dict()
         log("  " + a.line())
-    return {"model": model.cfg.name, "source": model.source, "device": getattr(model.be, "device_name", model.be.name),
+    return {"model": model.cfg.name, "source": _source(model), "device": getattr(model.be, "device_name", model.be.name),
             "starts": [lab for lab, _ in starts], "T": T, "units": units.to_dict(), "runs": rows,
             "acceptance": acc}
 
@@ -133,38 +136,44 @@ def bench_large(args):
     units = spec.measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=3 if args.quick else 7)
     log(f"  units (ms): step {units.step:.3f}, step_m {_fmt(units.step_m)}, ckpt {_fmt(units.ckpt)}, "
         f"draft {units.draft:.3f}, mark {units.mark:.3f}, rollback {units.rollback:.3f}")
-    schedules = [
-        ("seed histogram", 3, dict(hist=spec.SEED_HIST_STR, pairing="seed")),
-        ("E16 profile", 3, dict(profile=spec.E16_PROFILE, pairing="seed")),
-        ("E16 profile", 3, dict(profile=spec.E16_PROFILE, pairing="mtp")),
+    schedules = [             # (name, k, what the schedule replays, pairing)
+        ("article histogram", 3, dict(hist=spec.ARTICLE_HIST), spec.Pairing.ARTICLE),
+        ("E16 profile", 3, dict(profile=spec.E16_PROFILE), spec.Pairing.ARTICLE),
+        ("E16 profile", 3, dict(profile=spec.E16_PROFILE), spec.Pairing.TRAINED),
     ]
     engines = {b: kestrel.Engine(model, max_seq=P + T + 8, mmax=3, batch=b) for b in ("strict", "flex")}
-    for policy in spec.POLICIES:                                                      # warm-up: capture plans
-        for _, k, kw in schedules:
-            spec.run_spec(model, prompt, min(T, 16), k, policy, "replay", reference=ref[:min(T, 16)], greedy=False,
-                          engine=engines[spec.POLICIES[policy]], **kw)
+    for policy in spec.POLICIES.values():                                             # warm-up: capture plans
+        for _, k, src, pairing in schedules:
+            spec.run_spec(model, prompt, min(T, 16), k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
+                          reference=ref[:min(T, 16)], greedy=False, engine=engines[policy.batch])
     rows = []
-    for sname, k, kw in schedules:
-        src = {"hist": kw["hist"]} if "hist" in kw else {"profile": kw["profile"]}
-        for policy in spec.POLICIES:
-            r = spec.run_spec(model, prompt, T, k, policy, "replay", reference=ref, greedy=True,
-                              engine=engines[spec.POLICIES[policy]], greedy_engine=g_eng, **kw)
-            row = row_from([r], units, {"policy": policy, "drafter": "replay", "k": k, "schedule": sname,
-                                        "pairing": kw["pairing"]})
-            row["predicted_from_schedule"] = spec.predict(units, policy, kw["pairing"], k, **src)
-            rows.append(row)
-            log(f"  {sname:15s} pairing={kw['pairing']:4s} {policy:11s}: {row['ms_per_token']:.3f} ms/token "
-                f"(greedy {row['greedy_ms_per_token']:.3f}) speedup {row['speedup']:.3f}x | predicted "
-                f"{row['predicted_ms_per_token']:.3f} ms/token {row['predicted_speedup']:.3f}x; "
-                f"phases/token {_fmt(row['phase_ms_per_token'])}; bit-exact {row['bit_exact']}")
+    for sname, k, src, pairing in schedules:
+        for policy in spec.POLICIES.values():
+            r = spec.run_spec(model, prompt, T, k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
+                              reference=ref, greedy=True, engine=engines[policy.batch], greedy_engine=g_eng)
+            s = summary_of([r], units, sname)
+            pred = spec.predict(units, policy, pairing, k, **src)
+            rows.append(row_of(s, predicted_from_schedule=pred.to_dict()))
+            log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {s.ms_per_token:.3f} ms/token "
+                f"(greedy {s.greedy_ms_per_token:.3f}) speedup {s.speedup:.3f}x | predicted "
+                f"{s.predicted_ms_per_token:.3f} ms/token {s.predicted_speedup:.3f}x; "
+                f"phases/token {_fmt(s.phase_ms_per_token)}; bit-exact {s.bit_exact}")
     del engines, g_eng
-    out = {"model": cfg.name, "source": model.source, "weights": getattr(model, "weight_dtype", args.dtype),
+    out = {"model": cfg.name, "source": _source(model), "weights": getattr(model, "weight_dtype", args.dtype),
            "device": getattr(model.be, "device_name", model.be.name), "P": P, "T": T,
            "gdn_state_bytes": cfg.gdn_state_bytes, "conv_state_bytes": cfg.conv_state_bytes,
            "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
     del model
     gc.collect()
     return out
+
+
+def _source(model) -> str:
+    """The model's source, relative to the repository when it lies inside it."""
+    try:
+        return str(Path(model.source).resolve().relative_to(ROOT))
+    except ValueError:
+        return model.source
 
 
 def _fmt(d):
@@ -183,7 +192,7 @@ def markdown(d) -> str:
     L += ["Speedup = greedy ms/token (timed in the same call, same start) / spec ms/token. `predicted` is the",
           "cost model priced with unit costs measured on the same model and device, for the run's own rounds.",
           "Phases per token: draft, mark, verify, rollback (checkpoint: select), replay (or the n_ok=0 step),",
-          "sync (the drafter's MTP slot), book (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
+          "sync (the drafter's MTP slot), bookkeeping (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
     a = d.get("tiny")
     if a:
         L += [f"## (a) {a['model']} end to end ({len(a['starts'])} start(s), T={a['T']}, {a['device']})", "",
@@ -208,7 +217,7 @@ def markdown(d) -> str:
               f"P={b['P']}, T={b['T']}; greedy {_x(b['greedy_ms_per_token'])} ms/token; each mark/rollback copies "
               f"{(b['gdn_state_bytes'] + b['conv_state_bytes']) / 1e6:.1f} MB of GDN state.", "",
               "| schedule | pairing | policy | k | ms/token | speedup | predicted (run's rounds) | predicted "
-              "(schedule) | draft | mark | verify | rollback | replay | sync | book | histogram | bit-exact |",
+              "(schedule) | draft | mark | verify | rollback | replay | sync | bookkeeping | histogram | bit-exact |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in b["runs"]:
             ph = r["phase_ms_per_token"]
@@ -227,7 +236,7 @@ def markdown(d) -> str:
 def _units(u) -> str:
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
             f"draft {_x(u['draft'])}; mtp batch {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
-            f"select {_x(u['select'])}; argmax {_x(u['argmax'])}; book {_x(u['book'])}")
+            f"select {_x(u['select'])}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 
 
 def _fmt_str(d):
@@ -252,7 +261,7 @@ def main(argv=None):
     t0 = time.time()
     d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
          "command": " ".join(["python", "scripts/bench_spec.py"] + (argv if argv is not None else sys.argv[1:])),
-         "commit": git_commit(), "host": f"{platform.node()} ({platform.machine()}, Python {platform.python_version()})"}
+         "commit": git_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
     d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
     if not args.skip_tiny:
         d["tiny"] = bench_tiny(args)

@@ -27,7 +27,7 @@ MODEL_NAME = os.environ.get("KESTREL_SPEC_TEST_MODEL") or ("tiny" if TINY.exists
 TRAINED = MODEL_NAME not in kestrel.PRESETS
 T = 64
 POLICIES = ("replay", "flex-replay", "checkpoint")
-DRAFTERS = ("mtp-seed", "mtp", "replay")
+DRAFTERS = ("mtp-article", "mtp", "replay")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,8 @@ def refs(model, starts):
 
 
 def replay_kw(i):
-    """The replay drafter in the matrix: the seed's E16 profile, both pairings (alternating by start)."""
-    return dict(profile=spec.E16_PROFILE, pairing="seed" if i % 2 == 0 else "mtp", seed=i)
+    """The replay drafter in the matrix: the article's E16 profile, both pairings (alternating by start)."""
+    return dict(schedule=spec.Schedule(profile=spec.E16_PROFILE, pairing="article" if i % 2 == 0 else "trained", seed=i))
 
 
 # ---- 1. the construction guarantee: bit-exact for every policy x drafter x k x start ---------------
@@ -68,36 +68,38 @@ def test_bit_exact_matrix(model, starts, refs, policy, drafter, k):
         assert all(1 <= x.k <= k and 0 <= x.n_ok <= x.k for x in r.rounds)
         if drafter == "replay":       # the oracle forced exactly what its schedule asked for
             assert [x.n_ok for x in r.rounds] == [min(x.requested, x.k) for x in r.rounds]
-        if drafter == "mtp" or (drafter == "replay" and i % 2 == 1):
-            assert all(x.n_ok >= 1 for x in r.rounds), "d_1 = argmax(logits_p) is free under pairing mtp"
-        if policy == "replay" and k > 1:
+        if r.pairing is spec.Pairing.TRAINED:
+            assert all(x.n_ok >= 1 for x in r.rounds), "d_1 = argmax(logits_p) is free under the trained pairing"
+        assert r.pairing is (spec.Pairing.TRAINED if drafter == "mtp" or (drafter == "replay" and i % 2 == 1)
+                             else spec.Pairing.ARTICLE)
+        if r.batch == "strict" and k > 1:
             assert r.tail_tokens < k
 
 
 # ---- 2. the replay drafter forces the requested n_ok sequence ----------------------------------------
-def test_replay_drafter_reproduces_seed_histogram(model, starts, refs):
-    seq = spec.hist_to_sequence(spec.SEED_HIST, seed=3, fit_k=3)
-    r = spec.run_spec(model, starts[0], 64, 3, "replay", "replay", seq=seq, pairing="seed", reference=refs[0],
-                      greedy=False)
+def test_replay_drafter_reproduces_article_histogram(model, starts, refs):
+    seq = spec.hist_to_sequence(spec.ARTICLE_HIST, seed=3, fit_k=3)
+    r = spec.run_spec(model, starts[0], 64, 3, "replay", "replay", schedule=spec.Schedule(seq=seq, pairing="article"),
+                      reference=refs[0], greedy=False)
     assert r.noks == seq
     assert r.tail_tokens == 0
     s = r.summary()
-    assert s["hist"] == {0: 24, 1: 6, 2: 11, 3: 4}
+    assert s.hist == {0: 24, 1: 6, 2: 11, 3: 4}
     lines = r.log_lines()
     assert "[spec] rounds=45 accepted=40 mean/round=0.889 => advance/round=1.422 (n_ok=0 rounds=24)" in lines
     assert "[spec] n_ok histogram: n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4" in lines
     assert "[spec] token stream memcmp=0 => PASS (byte-identical to greedy)" in lines
     # the same histogram string drives it directly
-    r2 = spec.run_spec(model, starts[0], 64, 3, "checkpoint", "replay", hist=spec.SEED_HIST_STR, pairing="seed",
-                       reference=refs[0], greedy=False)
-    assert r2.summary()["hist"] == {0: 24, 1: 6, 2: 11, 3: 4} and r2.bit_exact
+    r2 = spec.run_spec(model, starts[0], 64, 3, "checkpoint", "replay",
+                       schedule=spec.Schedule(hist="0:24 1:6 2:11 3:4", pairing="article"), reference=refs[0], greedy=False)
+    assert r2.summary().hist == spec.ARTICLE_HIST and r2.bit_exact
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_replay_drafter_exact_sequence_mtp_pairing(model, starts, refs, policy):
+def test_replay_drafter_exact_sequence_trained_pairing(model, starts, refs, policy):
     seq = [1, 3, 2, 4, 1, 1, 4, 2, 3, 3, 1, 2, 4, 4, 1, 2]
-    r = spec.run_spec(model, starts[1], T, 4, policy, "replay", seq=seq, pairing="mtp", reference=refs[1],
-                      greedy=False)
+    r = spec.run_spec(model, starts[1], T, 4, policy, "replay", schedule=spec.Schedule(seq=seq, pairing="trained"),
+                      reference=refs[1], greedy=False)
     want = [seq[i % len(seq)] for i in range(len(r.rounds))]
     assert [min(n, x.k) for n, x in zip(want, r.rounds)] == r.noks
     assert r.noks[:len(seq)] == seq
@@ -105,46 +107,45 @@ def test_replay_drafter_exact_sequence_mtp_pairing(model, starts, refs, policy):
 
 
 def test_replay_drafter_rejects_impossible_requests(model, starts, refs):
-    with pytest.raises(KestrelError, match="free"):
-        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay", seq=[1, 0, 2], pairing="mtp",
-                      reference=refs[0][:16], greedy=False)
+    with pytest.raises(spec.ScheduleError, match="free"):
+        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay",
+                      schedule=spec.Schedule(seq=[1, 0, 2], pairing="trained"), reference=refs[0][:16], greedy=False)
     with pytest.raises(KestrelError, match="reference"):
-        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay", seq=[1], greedy=False)
+        spec.run_spec(model, starts[0], 16, 3, "checkpoint", "replay", schedule=spec.Schedule(seq=[1]), greedy=False)
 
 
 def test_profile_schedule_statistics():
     # many rounds of the profile-driven schedule approach the profile's n_ok distribution
-    for pairing in ("seed", "mtp"):
+    for pairing in ("article", "trained"):
         sch = spec.Schedule(profile=spec.E16_PROFILE, pairing=pairing, seed=1)
         n = 20000
         draws = [sch.next(3) for _ in range(n)]
         dist = spec.nok_distribution(spec.E16_PROFILE, 3, pairing)
         for v in range(4):
             assert abs(draws.count(v) / n - dist[v]) < 0.015, (pairing, v)
-    assert spec.nok_distribution((0.5, 0.5), 2, "seed") == [0.5, 0.25, 0.25]
-    assert spec.nok_distribution((0.5,), 2, "mtp") == [0.0, 0.5, 0.5]
-    with pytest.raises(KestrelError):
-        spec.nok_distribution((0.5,), 3, "mtp")
+    assert spec.nok_distribution((0.5, 0.5), 2, "article") == [0.5, 0.25, 0.25]
+    assert spec.nok_distribution((0.5,), 2, "trained") == [0.0, 0.5, 0.5]
+    with pytest.raises(spec.ScheduleError):
+        spec.nok_distribution((0.5,), 3, "trained")
 
 
 # ---- 3. the strict tail -----------------------------------------------------------------------------------
 def test_strict_tail_plain_steps(model, starts, refs):
     # every round accepts nothing: one token per round; at 2 left < k=3 the strict batch
-    # cannot verify, so the seed stops speculating and finishes with 2 plain M=1 steps
-    r = spec.run_spec(model, starts[2], T, 3, "replay", "replay", seq=[0], pairing="seed", reference=refs[2],
-                      greedy=False)
+    # cannot verify, so the article's driver stops speculating and finishes with 2 plain M=1 steps
+    zeros = spec.Schedule(seq=[0], pairing="article")
+    r = spec.run_spec(model, starts[2], T, 3, "replay", "replay", schedule=zeros, reference=refs[2], greedy=False)
     assert r.batch == "strict" and r.tail_mode == "plain"
     assert len(r.rounds) == T - 2 and r.tail_tokens == 2
     assert all(x.k == 3 for x in r.rounds)
     assert r.bit_exact
     assert any(line.startswith("[spec] tail: 2 token(s) by plain M=1 steps") for line in r.log_lines())
-    # tail='shrink' on the strict engine: the short batch is rejected (the seed's bug)
+    # tail='shrink' on the strict engine: the short batch is rejected (the article's bug)
     with pytest.raises(BatchWidthError, match="strict"):
-        spec.run_spec(model, starts[2], T, 3, "replay", "replay", seq=[0], pairing="seed", reference=refs[2],
-                      greedy=False, tail="shrink")
+        spec.run_spec(model, starts[2], T, 3, "replay", "replay", schedule=zeros, reference=refs[2], greedy=False,
+                      tail="shrink")
     # a flex engine shrinks the last rounds instead: no tail
-    f = spec.run_spec(model, starts[2], T, 3, "flex-replay", "replay", seq=[0], pairing="seed", reference=refs[2],
-                      greedy=False)
+    f = spec.run_spec(model, starts[2], T, 3, "flex-replay", "replay", schedule=zeros, reference=refs[2], greedy=False)
     assert f.tail_tokens == 0 and [x.k for x in f.rounds[-3:]] == [3, 2, 1] and f.bit_exact
 
 
@@ -153,7 +154,7 @@ def test_strict_tail_plain_steps(model, starts, refs):
 def test_ghost_tokens_when_the_self_token_is_emitted(model, starts, refs, policy):
     ref = refs[3]
     r = spec.run_spec(model, starts[3], 40, 2, policy, "mtp", reference=ref[:40], greedy=False,
-                      emit_self=True, check=False)
+                      mistakes=spec.Mistakes(emit_self=True), check=False)
     assert r.stream != ref[:40]
     ghosts, pos = [], 0
     for x in r.rounds:              # n_ok >= 1 every round (d_1 is free): each round ends on a ghost
@@ -167,17 +168,18 @@ def test_ghost_tokens_when_the_self_token_is_emitted(model, starts, refs, policy
     assert clean == ref[:len(clean)]
     # with the per-round check on, the first ghost round is caught
     with pytest.raises(spec.InvariantError, match="consumed .* != emitted"):
-        spec.run_spec(model, starts[3], 40, 2, policy, "mtp", reference=ref[:40], greedy=False, emit_self=True)
+        spec.run_spec(model, starts[3], 40, 2, policy, "mtp", reference=ref[:40], greedy=False,
+                      mistakes=spec.Mistakes(emit_self=True))
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_double_consumption_raises(model, starts, refs, policy):
     with pytest.raises(CursorError, match="double consumption"):
-        spec.run_spec(model, starts[0], 16, 3, policy, "mtp-seed", reference=refs[0][:16], greedy=False,
-                      double_consume=True)
+        spec.run_spec(model, starts[0], 16, 3, policy, "mtp-article", reference=refs[0][:16], greedy=False,
+                      mistakes=spec.Mistakes(double_consume=True))
 
 
-@pytest.mark.parametrize("drafter", ["mtp-seed", "mtp"])
+@pytest.mark.parametrize("drafter", ["mtp-article", "mtp"])
 def test_negative_control_mtp_cursor_left_out_of_the_snapshot(model, starts, refs, drafter):
     """mark() before the draft and a driver that trusts rollback() to rewind the MTP slot: with
     the MTP cursor in the snapshot it behaves exactly like the standard round; without it the
@@ -185,9 +187,10 @@ def test_negative_control_mtp_cursor_left_out_of_the_snapshot(model, starts, ref
     differing = 0
     for prompt, ref in list(zip(starts, refs))[:3]:
         std = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False)
-        good = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False, mark_first=True)
-        bad = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False, mark_first=True,
-                            mark_mtp_cursor=False)
+        good = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False,
+                             mistakes=spec.Mistakes(mark_first=True))
+        bad = spec.run_spec(model, prompt, T, 3, "replay", drafter, reference=ref, greedy=False,
+                            mistakes=spec.Mistakes(mark_first=True, mark_mtp_cursor=False))
         assert [x.drafts for x in good.rounds] == [x.drafts for x in std.rounds]
         assert all(x.mtp_cursor == x.p for x in good.rounds)
         assert good.bit_exact and bad.bit_exact
@@ -210,13 +213,14 @@ def mtp_runs(model, starts, refs):
     return [spec.run_spec(model, p, T, 3, "checkpoint", "mtp", reference=r, greedy=False) for p, r in zip(starts, refs)]
 
 
-@pytest.mark.parametrize("feed", ["seed-pairing", "stale-hidden"])
+@pytest.mark.parametrize("feed", ["article-pairing", "stale-hidden"])
 def test_wrong_mtp_inputs_stay_bit_exact(model, starts, refs, mtp_runs, feed):
     acc_good = acc_bad = rounds_good = rounds_bad = changed = 0
     for prompt, ref, good in zip(starts, refs, mtp_runs):
-        bad = spec.run_spec(model, prompt, T, 3, "checkpoint", "mtp", reference=ref, greedy=False, feed=feed)
+        bad = spec.run_spec(model, prompt, T, 3, "checkpoint", "mtp", reference=ref, greedy=False,
+                            mistakes=spec.Mistakes(feed=feed))
         assert bad.bit_exact, "the construction guarantee holds whatever the drafter is fed"
-        assert bad.summary()["variants"] == {"feed": feed}
+        assert bad.summary().variants == {"feed": feed}
         acc_good += sum(good.noks)
         acc_bad += sum(bad.noks)
         rounds_good += len(good.rounds)
@@ -232,7 +236,7 @@ def brute_force_acceptance(model, prompt, stream, depth, pairing):
     """Independent recount: per anchor a fresh engine, its own prefill and MTP rows."""
     toks = list(prompt) + list(stream)
     P, L = len(prompt), len(toks) - 1
-    off = 1 if pairing == "mtp" else 0
+    off = 1 if pairing == "trained" else 0          # written out here, independently of Pairing.offset
     c, e, hits_all = [0] * depth, [0] * depth, []
     for i in range(P - 1, L - off):
         eng = kestrel.Engine(model, max_seq=i + depth + 3, mmax=1, batch="flex")
@@ -255,7 +259,7 @@ def brute_force_acceptance(model, prompt, stream, depth, pairing):
     return c, e, hits_all
 
 
-@pytest.mark.parametrize("pairing", ["mtp", "seed"])
+@pytest.mark.parametrize("pairing", ["trained", "article"])
 def test_teacher_forced_matches_brute_force(model, starts, refs, pairing):
     for idx in (0, 5):
         stream = refs[idx][:24]
@@ -266,18 +270,18 @@ def test_teacher_forced_matches_brute_force(model, starts, refs, pairing):
 
 
 def test_teacher_forced_predicts_the_mtp_drafter_rounds(model, starts, refs):
-    """Under pairing 'mtp' the drafter's slot holds exactly the verified rows, so every real
+    """Under the trained pairing the drafter's slot holds exactly the verified rows, so every real
     round's n_ok is what the teacher-forced hits at its anchor imply."""
     for idx in (1, 4):
-        acc = spec.teacher_forced(model, starts[idx], refs[idx], depth=4, pairing="mtp")
+        acc = spec.teacher_forced(model, starts[idx], refs[idx], depth=4, pairing="trained")
         for k in (2, 4):
             r = spec.run_spec(model, starts[idx], T, k, "checkpoint", "mtp", reference=refs[idx], greedy=False)
             assert r.noks == [spec.implied_nok(acc, x.p, x.k) for x in r.rounds]
 
 
 def test_acceptance_formulas_reproduce_e16():
-    # the seed's E16 (T=63, k=4): alpha 0.714 0.364 0.500 0.750, p 0.714 0.254 0.127 0.095, E[len] 2.190
-    a = Acceptance(pairing="mtp", depth=4, N=63, c=[45, 16, 8, 6], e=[63, 44, 16, 8])
+    # the article's E16 (T=63, k=4): alpha 0.714 0.364 0.500 0.750, p 0.714 0.254 0.127 0.095, E[len] 2.190
+    a = Acceptance(pairing=spec.Pairing.TRAINED, depth=4, N=63, c=[45, 16, 8, 6], e=[63, 44, 16, 8])
     assert [round(x, 3) for x in a.alpha] == [0.714, 0.364, 0.5, 0.75]
     assert [round(x, 3) for x in a.p] == [0.714, 0.254, 0.127, 0.095]
     assert round(a.E_len, 3) == 2.190
@@ -286,15 +290,16 @@ def test_acceptance_formulas_reproduce_e16():
     assert tot.N == 126 and tot.alpha == a.alpha
 
 
-# ---- 6. summaries and the seed's attribution ---------------------------------------------------------------
-def test_summary_reproduces_the_seeds_attribution():
-    # §4.3: rounds=48, accepted=32, n_ok=0 rounds=30; first-draft 18/48, d2|d1 11/18, d3|d1d2 3/11
+# ---- 6. summaries and the article's attribution -----------------------------------------------------------
+def test_summary_reproduces_the_articles_attribution():
+    # the article's corrected counts: rounds=48, accepted=32, n_ok=0 rounds=30; first-draft 18/48,
+    # d2|d1 11/18, d3|d1d2 3/11
     noks = [0] * 30 + [1] * 7 + [2] * 8 + [3] * 3
     s = spec.summarize_noks(noks, k=3)
-    assert (s["rounds"], s["accepted"], s["zero_rounds"]) == (48, 32, 30)
-    assert [(c["hit"], c["of"]) for c in s["cond_hits"]] == [(18, 48), (11, 18), (3, 11)]
-    assert round(s["mean_per_round"], 3) == 0.667
-    assert s["first_draft_hit"] == 18 / 48
+    assert (s.rounds, s.accepted, s.zero_rounds) == (48, 32, 30)
+    assert [(c.hit, c.of) for c in s.cond_hits] == [(18, 48), (11, 18), (3, 11)]
+    assert round(s.mean_per_round, 3) == 0.667
+    assert s.first_draft_hit == 18 / 48
     assert spec.parse_hist("n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4") == spec.parse_hist("0:24,1:6,2:11,3:4")
     with pytest.raises(KestrelError):
         spec.parse_hist("0-24")
@@ -304,76 +309,100 @@ def test_aggregate_adds_runs(model, starts, refs):
     rs = [spec.run_spec(model, starts[i], 16, 2, "checkpoint", "mtp", reference=refs[i][:16], greedy=False)
           for i in (0, 1)]
     s = spec.aggregate(rs)
-    assert s["rounds"] == len(rs[0].rounds) + len(rs[1].rounds)
-    assert s["accepted"] == sum(rs[0].noks) + sum(rs[1].noks)
-    assert s["T"] == 32 and s["bit_exact"] is True and s["speedup"] is None
-    assert set(s["phase_ms"]) >= set(spec.PHASES)
+    assert s.rounds == len(rs[0].rounds) + len(rs[1].rounds)
+    assert s.accepted == sum(rs[0].noks) + sum(rs[1].noks)
+    assert s.T == 32 and s.runs == 2 and s.bit_exact is True and s.speedup is None
+    assert set(s.phase_ms_per_token) == set(spec.PHASES)
+    assert s.ms_per_token == pytest.approx((rs[0].spec_ms + rs[1].spec_ms) / 32, rel=1e-12)
+    # the results-file round trip gives the same summary
+    back = spec.RunSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back == s
 
 
 def test_greedy_timed_equals_generate(model, starts, refs):
     out, ms, pre = spec.greedy_timed(model, starts[0], 20)
     assert out == refs[0][:20] and ms > 0 and pre > 0
     r = spec.run_spec(model, starts[0], 20, 2, "checkpoint", "mtp")      # greedy=True: timed in the same call
-    assert r.reference == refs[0][:20] and r.bit_exact and r.summary()["speedup"] > 0
+    assert r.reference == refs[0][:20] and r.bit_exact and r.summary().speedup > 0
 
 
 def test_engine_reuse(model, starts, refs):
     """Benchmarks reuse engines (a GPU backend keys its captured plans on their buffers)."""
     eng = kestrel.Engine(model, max_seq=128, mmax=3, batch="strict")
     g = kestrel.Engine(model, max_seq=128, mmax=1, batch="flex")
-    fresh = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-seed", reference=refs[0][:24], greedy=False)
+    fresh = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-article", reference=refs[0][:24], greedy=False)
     for _ in range(2):     # a used engine is reset: the same rounds again
-        r = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-seed", engine=eng, greedy_engine=g)
+        r = spec.run_spec(model, starts[0], 24, 3, "replay", "mtp-article", engine=eng, greedy_engine=g)
         assert r.bit_exact and r.reference == refs[0][:24]
         assert [(x.drafts, x.n_ok) for x in r.rounds] == [(x.drafts, x.n_ok) for x in fresh.rounds]
     with pytest.raises(KestrelError, match="mmax"):
-        spec.run_spec(model, starts[0], 24, 2, "replay", "mtp-seed", engine=eng, greedy=False, reference=refs[0][:24])
+        spec.run_spec(model, starts[0], 24, 2, "replay", "mtp-article", engine=eng, greedy=False, reference=refs[0][:24])
     with pytest.raises(KestrelError, match="batch"):
         spec.run_spec(model, starts[0], 24, 3, "checkpoint", "mtp", engine=eng, greedy=False, reference=refs[0][:24])
 
 
 # ---- 7. the cost model ---------------------------------------------------------------------------------------
 UNITS = UnitCosts(step=10.0, step_m={1: 10.0, 2: 12.0, 3: 14.0}, ckpt={1: 11.0, 2: 13.0, 3: 15.0}, draft=1.0,
-                  mtp={1: 1.0, 2: 1.5}, mark=2.0, rollback=2.0, select=0.1, truncate=0.0, argmax=0.5, book=0.5)
+                  mtp={1: 1.0, 2: 1.5}, mark=2.0, rollback=2.0, select=0.1, truncate=0.0, argmax=0.5,
+                  bookkeeping=0.5)
 
 
 def test_cost_model_by_hand():
     u = UNITS
-    # replay (seed's wall), seed pairing, k=3, rounds {0: 2, 1: 1, 3: 1}
-    #   n=0: draft 3 + mark 2 + verify 14 + rollback 2 + 1 step 10 + book 0.5 = 31.5
+    # replay (the article's wall), article pairing, k=3, rounds {0: 2, 1: 1, 3: 1}
+    #   n=0: draft 3 + mark 2 + verify 14 + rollback 2 + 1 step 10 + bookkeeping 0.5 = 31.5
     #   n=1: same = 31.5;  n=3: 3 + 2 + 14 + 0.5 = 19.5  -> 114 ms / 6 tokens = 19 ms/token
-    p = spec.predict(u, "replay", "seed", 3, hist="0:2 1:1 3:1")
-    assert p["ms_per_token"] == pytest.approx(19.0)
-    assert p["speedup"] == pytest.approx(10.5 / 19.0)
-    assert p["advance_per_round"] == pytest.approx(1.5)
+    p = spec.predict(u, "replay", "article", 3, hist="0:2 1:1 3:1")
+    assert p.ms_per_token == pytest.approx(19.0)
+    assert p.speedup == pytest.approx(10.5 / 19.0)
+    assert p.advance_per_round == pytest.approx(1.5)
     # n=2: replay pays 2 M=1 steps, flex-replay one step_m(2)
-    assert spec.predict(u, "replay", "seed", 3, hist={2: 1})["ms_per_token"] == pytest.approx(41.5 / 2)
-    assert spec.predict(u, "flex-replay", "seed", 3, hist={2: 1})["ms_per_token"] == pytest.approx(33.5 / 2)
-    # checkpoint, seed pairing, n=0: draft 3 + ckpt 15 + select 0.1 + step 10 + book 0.5
-    assert spec.predict(u, "checkpoint", "seed", 3, hist={0: 1})["ms_per_token"] == pytest.approx(28.6)
-    # checkpoint, mtp pairing, profile (0.5, 0.5): P(n=1,2,3) = .5, .25, .25
+    assert spec.predict(u, "replay", "article", 3, hist={2: 1}).ms_per_token == pytest.approx(41.5 / 2)
+    assert spec.predict(u, "flex-replay", "article", 3, hist={2: 1}).ms_per_token == pytest.approx(33.5 / 2)
+    # checkpoint, article pairing, n=0: draft 3 + ckpt 15 + select 0.1 + step 10 + bookkeeping 0.5
+    assert spec.predict(u, "checkpoint", "article", 3, hist={0: 1}).ms_per_token == pytest.approx(28.6)
+    # checkpoint, trained pairing, profile (0.5, 0.5): P(n=1,2,3) = .5, .25, .25
     #   n=1: 2 drafts + 15 + 0.1 + 0.5 = 17.6; n=2: + rewrite mtp[1] = 18.6; n=3: + mtp[2] = 19.1
-    p = spec.predict(u, "checkpoint", "mtp", 3, profile=(0.5, 0.5))
-    assert p["round_ms"] == pytest.approx(0.5 * 17.6 + 0.25 * 18.6 + 0.25 * 19.1)
-    assert p["advance_per_round"] == pytest.approx(1.75)
-    assert p["ms_per_token"] == pytest.approx(18.225 / 1.75)
-    # mtp pairing, k=1: no draft step, one rewrite row per round
-    assert spec.round_cost(u, "checkpoint", "mtp", 1, 1)["sync"] == pytest.approx(1.0)
-    assert spec.round_cost(u, "checkpoint", "mtp", 1, 1)["draft"] == 0.0
+    p = spec.predict(u, "checkpoint", "trained", 3, profile=(0.5, 0.5))
+    assert p.round_ms == pytest.approx(0.5 * 17.6 + 0.25 * 18.6 + 0.25 * 19.1)
+    assert p.advance_per_round == pytest.approx(1.75)
+    assert p.ms_per_token == pytest.approx(18.225 / 1.75)
+    # trained pairing, k=1: no draft step, one rewrite row per round
+    assert spec.round_cost(u, "checkpoint", "trained", 1, 1)["sync"] == pytest.approx(1.0)
+    assert spec.round_cost(u, "checkpoint", "trained", 1, 1)["draft"] == 0.0
     # a sequence with T: the tokens the rounds leave are the strict tail, step + argmax each
-    p = spec.predict(u, "replay", "seed", 3, seq=[0, 3], T=6)
-    assert p["tail_tokens"] == 2 and p["total_ms"] == pytest.approx(31.5 + 19.5 + 2 * 10.5)
-    assert p["ms_per_token"] == pytest.approx(72.0 / 6)
-    with pytest.raises(KestrelError):
-        spec.predict(u, "replay", "mtp", 3, hist="0:1")
+    p = spec.predict(u, "replay", "article", 3, seq=[0, 3], T=6)
+    assert p.tail_tokens == 2 and p.total_ms == pytest.approx(31.5 + 19.5 + 2 * 10.5)
+    assert p.ms_per_token == pytest.approx(72.0 / 6)
+    with pytest.raises(spec.ScheduleError, match="n_ok=0"):
+        spec.predict(u, "replay", "trained", 3, hist="0:1")
+    with pytest.raises(spec.ScheduleError, match="> k=3"):
+        spec.predict(u, "replay", "article", 3, hist="4:1")
+
+
+def test_policy_and_pairing_dispatch():
+    """Names are parsed once into types; the round and the cost model dispatch through them."""
+    assert spec.Policy.parse("checkpoint") is spec.CHECKPOINT is spec.POLICIES["checkpoint"]
+    assert [p.batch for p in spec.POLICIES.values()] == ["strict", "flex", "flex"]
+    assert [p.uses_mark for p in spec.POLICIES.values()] == [True, True, False]
+    with pytest.raises(spec.SpecArgumentError, match=r"known: \('replay', 'flex-replay', 'checkpoint'\)"):
+        spec.Policy.parse("fast")
+    with pytest.raises(spec.SpecArgumentError, match=r"known: \('article', 'trained'\)"):
+        spec.Pairing.parse("mtp")
+    assert [(p.offset, p.min_nok, p.mtp_steps(3), p.judged_depths(3)) for p in spec.Pairing] == \
+        [(0, 0, 3, 3), (1, 1, 2, 2)]
+    # each policy's cost formula is its own: the checkpoint policy prices no mark and no replay of accepted rows
+    assert spec.CHECKPOINT.cost(UNITS, 3, 2) == {"verify": 15.0, "rollback": 0.1}
+    assert spec.FLEX_REPLAY.cost(UNITS, 3, 2) == {"mark": 2.0, "verify": 14.0, "rollback": 2.0, "replay": 12.0}
+    assert spec.REPLAY.cost(UNITS, 3, 3) == {"mark": 2.0, "verify": 14.0}
 
 
 def test_cost_model_prices_a_measured_run(model, starts, refs):
-    r = spec.run_spec(model, starts[0], 32, 3, "replay", "replay", seq=[0, 2, 3, 1], pairing="seed",
+    r = spec.run_spec(model, starts[0], 32, 3, "replay", "replay", schedule=spec.Schedule(seq=[0, 2, 3, 1]),
                       reference=refs[0][:32], greedy=False)
     pr = spec.predict_result(UNITS, r)
-    want = sum(sum(spec.round_cost(UNITS, "replay", "seed", x.k, x.n_ok).values()) for x in r.rounds)
-    assert pr["total_ms"] == pytest.approx(want + r.tail_tokens * 10.5)
+    want = sum(sum(spec.round_cost(UNITS, "replay", "article", x.k, x.n_ok).values()) for x in r.rounds)
+    assert pr.total_ms == pytest.approx(want + r.tail_tokens * 10.5)
     u = spec.measure_unit_costs(model, k_max=3, ctx=16, reps=2)
     assert set(u.step_m) == set(u.ckpt) == set(u.mtp) == {1, 2, 3}
     c = spec.compare(u, [r])
@@ -386,13 +415,14 @@ def test_cli_spec(tmp_path, capsys):
     from kestrel.__main__ import main
     out = tmp_path / "out.json"
     rc = main(["spec", "--model", "test-b", "--device", "cpu", "--k", "2", "--T", "12", "--starts", "0,1",
-               "--drafter", "mtp-seed", "--policy", "replay", "--json", str(out)])
+               "--drafter", "mtp-article", "--policy", "replay", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
     assert text.count("memcmp=0 => PASS") == 3 and "== overall: 2 start(s)" in text
     assert "[spec] rounds=" in text and "n_ok histogram: n_ok=0:" in text and "speedup" in text
     d = json.loads(out.read_text())
     assert len(d["starts"]) == 2 and d["summary"]["bit_exact"] is True
+    assert spec.RunSummary.from_dict(d["summary"]).pairing is spec.Pairing.ARTICLE
     rc = main(["spec", "--model", "test-b", "--device", "cpu", "--k", "3", "--T", "64", "--starts", "0",
                "--drafter", "replay", "--hist", "0:24 1:6 2:11 3:4", "--policy", "replay"])
     assert rc == 0
@@ -411,5 +441,7 @@ def test_bench_script_quick(tmp_path):
     assert all(row["bit_exact"] for row in d["tiny"]["runs"])
     assert all(row["bit_exact"] for row in d["large"]["runs"])
     assert all("predicted_ms_per_token" in row for row in d["large"]["runs"])
+    runs = [spec.RunSummary.from_dict(row) for row in d["tiny"]["runs"] + d["large"]["runs"]]
+    assert all(r.predicted_speedup > 0 for r in runs)
     md = (tmp_path / "bench_spec_quick.md").read_text()
     assert "speedup" in md and "predicted" in md

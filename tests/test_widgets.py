@@ -2,6 +2,7 @@
 tiny model on the CPU backend. Small T throughout: the whole file runs in seconds."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,9 +13,10 @@ pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 
 import kestrel  # noqa: E402
-from kestrel import plots, spec, widgets  # noqa: E402
+from kestrel import plots, results, spec, widgets  # noqa: E402
 
 T = 16
+ARTICLE_HIST_TEXT = "0:24 1:6 2:11 3:4"
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +32,15 @@ def prompt(tiny):
 @pytest.fixture(scope="module")
 def runs(tiny, prompt):
     """replay (strict: has a tail at T=16, k=3), flex-replay and checkpoint, one drafter each."""
-    return [spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="mtp-seed"),
+    return [spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="mtp-article"),
             spec.run_spec(tiny, prompt, T=T, k=3, policy="flex-replay", drafter="mtp"),
             spec.run_spec(tiny, prompt, T=T, k=2, policy="checkpoint", drafter="mtp")]
 
 
 @pytest.fixture(scope="module")
 def replayed(tiny, prompt):
-    return spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="replay", hist=spec.SEED_HIST_STR)
+    return spec.run_spec(tiny, prompt, T=T, k=3, policy="replay", drafter="replay",
+                         schedule=spec.Schedule(hist=spec.ARTICLE_HIST))
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +49,9 @@ def units(tiny):
 
 
 def _bench_row(r, units):
-    """A row shaped like scripts/bench_spec.py's, through a JSON round trip (string keys)."""
-    s = spec.aggregate([r])
-    c = spec.compare(units, [r])
-    row = {"policy": r.policy, "drafter": r.drafter, "k": r.k, "T": s["T"], "rounds": s["rounds"],
-           "hist": s["hist"], "advance_per_round": s["advance_per_round"], "tail_tokens": s["tail_tokens"],
-           "ms_per_token": s["ms_per_token"], "greedy_ms_per_token": s["greedy_ms_per_token"],
-           "speedup": s["speedup"], "phase_ms_per_token": {ph: v / s["T"] for ph, v in s["phase_ms"].items()},
-           "predicted_speedup": c["predicted_speedup"]}
-    return json.loads(json.dumps(row))
+    """A results row as scripts/bench_spec.py writes it, through a JSON round trip (string keys)."""
+    s = dataclasses.replace(spec.aggregate([r]), predicted_speedup=spec.compare(units, [r])["predicted_speedup"])
+    return json.loads(json.dumps({**s.to_dict(), "log": s.log_lines()}))
 
 
 # --------------------------------------------------------------------------- import
@@ -75,7 +72,7 @@ def test_hist_figure(runs, replayed):
     for t, r in zip(fig.data, runs[:2]):
         assert list(t.y) == [spec.histogram(r.noks, 3)[n] for n in range(4)]
     # every accepted input kind; normalized; the replay schedule's requested values
-    fig = widgets.hist_figure([replayed, spec.SEED_HIST_STR, {"0": 1, "1": 3}, [0, 1, 1, 2]], normalize=True,
+    fig = widgets.hist_figure([replayed, ARTICLE_HIST_TEXT, {"0": 1, "1": 3}, [0, 1, 1, 2]], normalize=True,
                               requested=[r.requested for r in replayed.rounds])
     assert len(fig.data) == 5 and fig.data[-1].type == "scatter"
     assert abs(sum(fig.data[1].y) - 1.0) < 1e-12 and fig.data[1].y[0] == pytest.approx(24 / 45)
@@ -84,7 +81,7 @@ def test_hist_figure(runs, replayed):
 
 
 def test_phase_figure(runs, units):
-    pred = spec.predict(units, "checkpoint", "mtp", 2, profile=spec.E16_PROFILE)
+    pred = spec.predict(units, "checkpoint", "trained", 2, profile=spec.E16_PROFILE)
     fig = widgets.phase_figure(runs + [pred])
     bars = [t for t in fig.data if t.type == "bar"]
     names = [t.name for t in bars]
@@ -93,10 +90,10 @@ def test_phase_figure(runs, units):
     labels = list(bars[0].x)
     assert len(labels) == 4 and len(set(labels)) == 4 and labels[-1].endswith("(predicted)")
     for j, r in enumerate(runs):                                # stacked phases add up to the measured ms/token
-        assert sum(t.y[j] for t in bars) == pytest.approx(r.summary()["ms_per_token"], rel=1e-9)
-    assert sum(t.y[3] for t in bars) == pytest.approx(pred["ms_per_token"], rel=1e-9)
+        assert sum(t.y[j] for t in bars) == pytest.approx(r.summary().ms_per_token, rel=1e-9)
+    assert sum(t.y[3] for t in bars) == pytest.approx(pred.ms_per_token, rel=1e-9)
     greedy = next(t for t in fig.data if t.name == "greedy ms/token")
-    assert list(greedy.y[:3]) == pytest.approx([r.summary()["greedy_ms_per_token"] for r in runs])
+    assert list(greedy.y[:3]) == pytest.approx([r.summary().greedy_ms_per_token for r in runs])
     # bench rows (JSON) and summaries give the same bars as the SpecResult
     a = widgets.phase_figure([runs[0], runs[0].summary(), _bench_row(runs[0], units)], names=["a", "b", "c"])
     for t in a.data:
@@ -106,8 +103,8 @@ def test_phase_figure(runs, units):
 
 def test_speedup_and_round_figures(runs, replayed, units):
     fig = widgets.speedup_figure(runs, predicted=units)
-    assert list(fig.data[0].y) == pytest.approx([r.summary()["speedup"] for r in runs])
-    assert list(fig.data[1].y) == pytest.approx([spec.predict_result(units, r)["speedup"] for r in runs])
+    assert list(fig.data[0].y) == pytest.approx([r.summary().speedup for r in runs])
+    assert list(fig.data[1].y) == pytest.approx([spec.predict_result(units, r).speedup for r in runs])
     assert any(s.y0 == 1.0 for s in fig.layout.shapes)         # the greedy (1x) reference line
     rows = [_bench_row(r, units) for r in runs]
     fig = widgets.speedup_figure(rows)
@@ -141,35 +138,35 @@ def test_replay_frames_figure(replayed):
 
 def test_cost_surface_figure(runs, units):
     alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
-    fig = widgets.cost_surface_figure(units, "checkpoint", "mtp", measured=runs, alphas=alphas,
+    fig = widgets.cost_surface_figure(units, "checkpoint", "trained", measured=runs, alphas=alphas,
                                       profile=spec.E16_PROFILE, k=2)
     heat, breakeven, prof, measured = fig.data
     assert heat.type == "heatmap" and list(heat.x) == [1, 2, 3, 4] and len(heat.z) == len(alphas)
-    want = spec.predict(units, "checkpoint", "mtp", 3, profile=(0.5,) * 3)["speedup"]
+    want = spec.predict(units, "checkpoint", "trained", 3, profile=(0.5,) * 3).speedup
     assert heat.z[2][2] == pytest.approx(want, rel=1e-3)
-    # measured: the two 'mtp' runs that used checkpoint -> one (k=2), at its equivalent alpha
-    mine = [r for r in runs if r.policy == "checkpoint" and r.pairing == "mtp"]
+    # measured: the two trained-pairing runs, of which one used checkpoint (k=2), at its equivalent alpha
+    mine = [r for r in runs if r.policy is spec.CHECKPOINT and r.pairing is spec.Pairing.TRAINED]
     assert len(measured.x) == len(mine) == 1
     s = mine[0].summary()
-    assert measured.y[0] == pytest.approx(widgets.equivalent_alpha(s["mean_per_round"], 2, "mtp"))
-    assert measured.marker.color[0] == pytest.approx(s["speedup"])
-    assert len(prof.x) == 3                                    # mtp, k=1: alpha changes nothing
+    assert measured.y[0] == pytest.approx(spec.equivalent_alpha(s.mean_per_round, 2, "trained"))
+    assert measured.marker.color[0] == pytest.approx(s.speedup)
+    assert len(prof.x) == 3                                    # trained, k=1: alpha changes nothing
     for kk, a in ((3, 0.3), (2, 0.8), (1, 0.6)):
-        mean = sum(n * p for n, p in enumerate(spec.nok_distribution((a,) * kk, kk, "seed")))
-        assert widgets.equivalent_alpha(mean, kk, "seed") == pytest.approx(a, abs=1e-9)
-    assert widgets.equivalent_alpha(1.0, 1, "mtp") is None
+        mean = sum(n * p for n, p in enumerate(spec.nok_distribution((a,) * kk, kk, "article")))
+        assert spec.equivalent_alpha(mean, kk, "article") == pytest.approx(a, abs=1e-9)
+    assert spec.equivalent_alpha(1.0, 1, "trained") is None
 
 
 def test_cost_explorer_static(runs, units):
     alphas = [0.0, 0.5, 1.0]
     fig = widgets.cost_explorer_static(units, measured=runs, alphas=alphas, alpha0=0.5)
-    n = len(spec.POLICIES) * len(spec.PAIRINGS)
+    n = len(spec.POLICIES) * len(spec.Pairing)
     assert len(fig.data) == n + 1 and fig.data[-1].name.startswith("measured")
     assert len(fig.data[-1].x) == len(runs)
     assert len(fig.frames) == 3 and fig.layout.sliders[0].active == 1
     assert [f.name for f in fig.frames] == ["0.00", "0.50", "1.00"]
-    y = fig.frames[2].data[0].y                                # replay / seed at alpha = 1
-    assert list(y) == pytest.approx([spec.predict(units, "replay", "seed", k, profile=(1.0,) * k)["speedup"]
+    y = fig.frames[2].data[0].y                                # replay / article pairing at alpha = 1
+    assert list(y) == pytest.approx([spec.predict(units, "replay", "article", k, profile=(1.0,) * k).speedup
                                      for k in (1, 2, 3, 4)], rel=1e-3)
     assert list(fig.data[0].y) == list(fig.frames[1].data[0].y)
 
@@ -180,12 +177,14 @@ def test_load_bench_and_edit_units(tmp_path, runs, units):
                   "runs": [_bench_row(r, units) for r in runs]}}
     p = tmp_path / "bench.json"
     p.write_text(json.dumps(d))
-    b = widgets.load_bench(p)
-    assert b["section"] == "tiny" and b["units"].step_m == units.step_m and len(b["runs"]) == 3
-    assert len(widgets.hist_figure(b["runs"]).data) == 3
+    b = results.load_bench(p)
+    assert b.section == "tiny" and b.units.step_m == units.step_m and len(b.runs) == 3
+    assert [r.summary().hist for r in runs] == [x.hist for x in b.runs]
+    assert [r.pairing for r in runs] == [x.pairing for x in b.runs]
+    assert len(widgets.hist_figure(b.runs).data) == 3
     with pytest.raises(kestrel.KestrelError):
-        widgets.load_bench(p, section="large")
-    e = widgets.edit_units(units, step=2 * units.step, draft=3 * units.draft, mark=0.0)
+        results.load_bench(p, section="large")
+    e = spec.edit_units(units, step=2 * units.step, draft=3 * units.draft, mark=0.0)
     assert e.step_m[3] == pytest.approx(2 * units.step_m[3]) and e.ckpt[2] == pytest.approx(2 * units.ckpt[2])
     assert e.mtp[2] == pytest.approx(3 * units.mtp[2]) and e.mark == 0.0 and e.rollback == units.rollback
 
@@ -193,15 +192,15 @@ def test_load_bench_and_edit_units(tmp_path, runs, units):
 # --------------------------------------------------------------------------- the live widgets
 
 def test_spec_replay_runs_round_by_round(tiny):
-    w = widgets.spec_replay(tiny, device="cpu", T=T, k=3, policy="replay", drafter="mtp-seed", min_interval=0)
+    w = widgets.spec_replay(tiny, device="cpu", T=T, k=3, policy="replay", drafter="mtp-article", min_interval=0)
     app = w.app
     assert w is app.widget and type(w).__name__ == "VBox"
     seen = []
-    app.views["hist"].widget                                   # a FigureWidget (anywidget) or an Output
+    assert type(app.views["hist"].widget).__name__ in ("FigureWidget", "Output")
     app.button.click()                                         # what pressing Run does
     r = app.result
     assert app.error is None and r is not None and r.bit_exact
-    assert r.greedy_ms is not None and r.summary()["speedup"] > 0
+    assert r.greedy_ms is not None and r.summary().speedup > 0
     seen.append(app.views["hist"].updates)
     assert seen[0] >= len(r.rounds)                            # redrawn every round (min_interval=0), and at the end
     hist = app.views["hist"].figure
@@ -219,19 +218,19 @@ def test_spec_replay_controls(tiny):
     app, c = w.app, w.app.controls
     opts = list(c["model"].options)
     assert opts[:3] == ["tiny", "test-a", "test-b"]
-    if not widgets._gpu("cpu"):
+    if not widgets.cache.gpu("cpu"):
         assert not any(o.startswith("qwen") for o in opts) and "need a CUDA GPU" in app.note.value
     assert app.replay_box.layout.display == "none"
     r1 = app.run()
     assert app.error is None and r1.k == 3
-    n_models = len(widgets._MODELS)
+    n_models = len(widgets.cache.MODELS)
     c["k"].value, c["policy"].value = 2, "checkpoint"          # no reload: the cached Model is reused
     r2 = app.run()
-    assert app.error is None and r2.k == 2 and r2.policy == "checkpoint" and len(widgets._MODELS) == n_models
+    assert app.error is None and r2.k == 2 and r2.policy is spec.CHECKPOINT and len(widgets.cache.MODELS) == n_models
     assert app._model() is widgets.get_model("tiny", "cpu") is tiny
-    # the replay drafter: shown, pre-filled with the seed's histogram, fills from the last run
+    # the replay drafter: shown, pre-filled with the article's histogram, fills from the last run
     c["drafter"].value = "replay"
-    assert app.replay_box.layout.display == "" and c["hist"].value == spec.SEED_HIST_STR
+    assert app.replay_box.layout.display == "" and c["hist"].value == ARTICLE_HIST_TEXT
     c["k"].value, c["policy"].value = 3, "flex-replay"
     r3 = app.run()
     assert app.error is None and r3.drafter.startswith("replay[hist(0:24 1:6 2:11 3:4")
@@ -243,14 +242,14 @@ def test_spec_replay_controls(tiny):
     c["hist"].value = "0:x"
     assert app.run() is None and isinstance(app.error, kestrel.KestrelError) and "0:x" in app.status.value
     # the random-weight test shape, its random starts
-    c["hist"].value, c["drafter"].value, c["model"].value = spec.SEED_HIST_STR, "mtp", "test-a"
+    c["hist"].value, c["drafter"].value, c["model"].value = ARTICLE_HIST_TEXT, "mtp", "test-a"
     assert "random" in c["start"].options[0][0]
     r4 = app.run()
     assert app.error is None and r4.model == "test-a" and r4.bit_exact
 
 
 def test_spec_replay_real_shapes_need_a_gpu():
-    if widgets._gpu("auto"):
+    if widgets.cache.gpu("auto"):
         pytest.skip("a GPU is present: the presets are offered")
     w = widgets.spec_replay(model="qwen3.5-27b", device="auto", T=T)
     assert w.app.controls["model"].value == "tiny" and "qwen3.5-27b" in w.app.note.value
@@ -258,7 +257,7 @@ def test_spec_replay_real_shapes_need_a_gpu():
 
 
 def test_cost_explorer(units, runs):
-    w = widgets.cost_explorer(units, measured=runs, k=3, policy="replay", pairing="seed")
+    w = widgets.cost_explorer(units, measured=runs, k=3, policy="replay", pairing="article")
     app, c = w.app, w.app.controls
     n0 = app.views["surface"].updates
     c["a1"].value = 0.95
@@ -266,16 +265,16 @@ def test_cost_explorer(units, runs):
     c["policy"].value = "checkpoint"
     assert app.views["surface"].updates == n0 + 3
     fig = app.views["surface"].figure
-    assert fig.layout.title.text == "Predicted speedup: policy checkpoint, pairing seed"
+    assert fig.layout.title.text == "Predicted speedup: policy checkpoint, pairing article"
     prof = app.profile()
     assert prof[0] == 0.95
-    pred = spec.predict(units, "checkpoint", "seed", 2, profile=prof)
-    assert f"{pred['speedup']:.3f}×" in app.table.value
+    pred = spec.predict(units, "checkpoint", "article", 2, profile=prof)
+    assert f"{pred.speedup:.3f}×" in app.table.value
     c["step"].value = 2 * units.step                          # unit costs: the surface follows
     u2 = app.units()
     assert u2.step_m[2] == pytest.approx(2 * units.step_m[2])
-    pred2 = spec.predict(u2, "checkpoint", "seed", 2, profile=prof)
-    assert f"{pred2['speedup']:.3f}×" in app.table.value
+    pred2 = spec.predict(u2, "checkpoint", "article", 2, profile=prof)
+    assert f"{pred2.speedup:.3f}×" in app.table.value
     app._reset()
     assert app.units().step == pytest.approx(round(units.step, 6))
     phase = app.views["phase"].figure
@@ -286,25 +285,50 @@ def test_cost_explorer(units, runs):
 def test_cost_explorer_defaults_and_fallback_view(monkeypatch, capsys):
     """unit_costs=None measures them on the tiny model; without a FigureWidget the figures are
     redrawn into Output widgets through kestrel.plots.show."""
-    monkeypatch.setattr(widgets._FigView, "force_output", True)
+    monkeypatch.setattr(widgets.view.FigView, "force_output", True)
     w = widgets.cost_explorer(device="cpu", profile=[0.8, 0.5])
     app = w.app
     assert type(app.views["surface"].widget).__name__ == "Output"
     assert app.profile() == (0.8, 0.5, 0.5, 0.5)
     assert "measured now on tiny" in app.note.value
-    app.controls["pairing"].value = "mtp"
-    assert app.views["surface"].figure.layout.title.text.endswith("pairing mtp")
+    app.controls["pairing"].value = "trained"
+    assert app.views["surface"].figure.layout.title.text.endswith("pairing trained")
     capsys.readouterr()
 
 
 def test_spec_replay_warmup_once_per_combination(tiny):
     """warmup=True (the CUDA default): one untimed run per engine x policy x drafter, then none."""
     w = widgets.spec_replay(tiny, device="cpu", T=8, k=2, policy="flex-replay", warmup=True, min_interval=10.0)
-    n = len(widgets._WARMED)
+    n = len(widgets.cache.WARMED)
     w.app.run()
-    assert len(widgets._WARMED) == n + 1
+    assert len(widgets.cache.WARMED) == n + 1
     w.app.run()
-    assert len(widgets._WARMED) == n + 1
+    assert len(widgets.cache.WARMED) == n + 1
     w.app.controls["policy"].value = "checkpoint"             # same engine, other plans: warmed again
     w.app.run()
-    assert len(widgets._WARMED) == n + 2 and w.app.error is None
+    assert len(widgets.cache.WARMED) == n + 2 and w.app.error is None
+
+
+# --------------------------------------------------------------------------- the committed results
+
+def test_committed_results_load_as_run_summaries():
+    """results/bench_spec.json reads back through RunSummary.from_dict, and the book's figures over it build."""
+    bench = results.load("bench_spec")
+    for name in ("tiny", "large"):
+        b = results.load_bench("bench_spec", section=name)
+        assert len(b.runs) == len(bench[name]["runs"]) > 0
+        for row, r in zip(bench[name]["runs"], b.runs):
+            assert (r.policy.name, r.pairing.value, r.k, r.speedup) == \
+                (row["policy"], row["pairing"], row["k"], pytest.approx(row["speedup"], rel=1e-12))
+            assert r.bit_exact is True and set(r.phase_ms_per_token) == set(spec.PHASES)
+    large = bench["large"]
+    wall = next(r for r in large["runs"] if r["schedule"] == "article histogram" and r["policy"] == "replay")
+    fig = widgets.phase_figure([wall, {**wall, "phase_ms_per_token": wall["predicted_phase_ms_per_token"]}],
+                               names=["measured", "cost model"])
+    assert [t.name for t in fig.data if t.type == "bar"] == list(spec.PHASES)
+    fig = widgets.speedup_figure(large["runs"])
+    assert list(fig.data[0].y) == pytest.approx([r["speedup"] for r in large["runs"]])
+    assert list(fig.data[1].y) == pytest.approx([r["predicted_speedup"] for r in large["runs"]])
+    fig = widgets.cost_explorer_static(spec.UnitCosts.from_dict(large["units"]), measured=large["runs"],
+                                       greedy_ms_per_token=large["greedy_ms_per_token"], alphas=[0.5, 1.0])
+    assert len(fig.data[-1].x) == len(large["runs"])

@@ -2,41 +2,58 @@
 
     from kestrel import spec
     r = spec.run_spec(model, prompt, T=64, k=3, policy="checkpoint", drafter="mtp")
-    print("\n".join(r.log_lines()))          # the seed's [spec] lines; r.rounds: per-round records
-    r.summary()                               # histogram, hit rates, ms/token, speedup vs greedy (same call)
-    spec.aggregate([r1, r2, ...])             # over starts; spec.log_lines(that)
+    print("\\n".join(r.log_lines()))          # the article's [spec] lines; r.rounds: per-round records
+    s = r.summary()                           # RunSummary: histogram, hit rates, ms/token, speedup vs greedy
+    spec.aggregate([r1, r2, ...])             # one RunSummary over starts; .log_lines()
 
-  policies   'replay' (the seed's wall: strict batch, rollback + M=1 replay), 'flex-replay'
-             (rollback + one batched replay), 'checkpoint' (per-row GDN slots, select, no copy)
-  drafters   'mtp-seed' (the seed's pairing), 'mtp' (free d_1, trained pairing),
-             'replay' (oracle: hist= / profile= / seq=, pairing= 'seed' | 'mtp')
-  wrong on purpose   emit_self=True (ghost tokens), double_consume=True (CursorError),
-             mark_first=True + mark_mtp_cursor=False (negative control), feed='seed-pairing' |
-             'stale-hidden' (drafter 'mtp': bit-exact, acceptance collapses)
-  acceptance spec.teacher_forced(model, prompt, T=64, depth=4, pairing='mtp'|'seed') (E16)
+  policies   spec.POLICIES: 'replay' (the article's wall: strict batch, rollback + M=1 replay),
+             'flex-replay' (rollback + one batched replay), 'checkpoint' (per-row GDN slots,
+             select, no copy); each a Policy carrying its finalise step and its cost formula
+  pairings   spec.Pairing.ARTICLE ('article': rows (t_i, h_i)), Pairing.TRAINED ('trained':
+             rows (t_{i+1}, h_i), d_1 free)
+  drafters   'mtp-article' (the article's pairing), 'mtp' (trained pairing, free d_1),
+             'replay' (oracle: schedule=spec.Schedule(hist= | profile= | seq=, pairing=))
+  wrong on purpose   mistakes=spec.Mistakes(emit_self=True) (ghost tokens), (double_consume=True)
+             (CursorError), (mark_first=True, mark_mtp_cursor=False) (negative control),
+             (feed='article-pairing' | 'stale-hidden') (drafter 'mtp': bit-exact, acceptance collapses)
+  acceptance spec.teacher_forced(model, prompt, T=64, depth=4, pairing='trained'|'article') (E16)
   costs      u = spec.measure_unit_costs(model); spec.predict(u, policy, pairing, k, hist=|profile=|seq=);
              spec.compare(u, results)  (prediction for the runs' own rounds beside the measurement)
 """
-from .drafters import DRAFTERS, FEEDS, Drafter, MTPDrafter, MTPSeedDrafter, ReplayDrafter, make_drafter
-from .driver import (POLICIES, POLICY_DOC, TAILS, InvariantError, RoundRecord, SpecResult, aggregate,
-                     default_starts, greedy_timed, mtp_cursor_control, reference_stream, run_spec)
-from .schedule import (E16_PROFILE, PAIRINGS, SEED_HIST, SEED_HIST_STR, Schedule, format_hist, hist_to_sequence,
-                       nok_distribution, parse_hist, parse_profile)
-from .stats import PHASE_DOC, PHASES, conditional_hits, histogram, log_lines, summarize_noks
 from .accept import Acceptance, combine, implied_nok, teacher_forced
-from .cost import UnitCosts, compare, measure_unit_costs, predict, predict_result, round_cost
+from .baseline import greedy_timed, reference_stream
+from .control import mtp_cursor_control
+from .cost import Prediction, compare, equivalent_alpha, mean_nok, predict, predict_result, round_cost
+from .drafters import DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, ReplayDrafter, make_drafter
+from .driver import RunArgs, default_starts, run_spec, validate_run
+from .errors import InvariantError, ScheduleError, SpecArgumentError
+from .pairing import PAIRING_DOC, PAIRINGS, Pairing
+from .policy import CHECKPOINT, FLEX_REPLAY, POLICIES, REPLAY, Policy
+from .records import RoundRecord, RunSummary, SpecResult, aggregate, log_lines
+from .round import TAILS, Mistakes
+from .schedule import (ARTICLE_HIST, E16_PROFILE, Schedule, check_hist, check_profile, check_sequence, format_hist,
+                       hist_to_sequence, nok_distribution, parse_hist, parse_profile)
+from .stats import PHASE_DOC, PHASES, CondHit, NokStats, conditional_hits, histogram, summarize_noks
+from .inputs import check_length, check_size, check_tokens
+from .units import K_VALUES, UnitCosts, check_measurement, edit_units, measure_unit_costs
 
 __all__ = [
     # the round
-    "run_spec", "greedy_timed", "reference_stream", "default_starts", "aggregate", "SpecResult", "RoundRecord",
-    "InvariantError", "POLICIES", "POLICY_DOC", "TAILS", "mtp_cursor_control",
+    "run_spec", "validate_run", "RunArgs", "greedy_timed", "reference_stream", "default_starts", "Mistakes",
+    "TAILS", "mtp_cursor_control",
+    # types
+    "Policy", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "Pairing", "PAIRINGS", "PAIRING_DOC",
+    "RunSummary", "SpecResult", "RoundRecord", "aggregate", "log_lines",
+    # errors
+    "SpecArgumentError", "ScheduleError", "InvariantError",
     # drafters and schedules
-    "make_drafter", "Drafter", "MTPSeedDrafter", "MTPDrafter", "ReplayDrafter", "DRAFTERS", "FEEDS", "Schedule",
-    "SEED_HIST", "SEED_HIST_STR", "E16_PROFILE", "PAIRINGS", "parse_hist", "format_hist", "hist_to_sequence",
-    "parse_profile", "nok_distribution",
+    "make_drafter", "Drafter", "MTPArticleDrafter", "MTPDrafter", "ReplayDrafter", "DRAFTERS", "FEEDS", "Schedule",
+    "ARTICLE_HIST", "E16_PROFILE", "parse_hist", "check_hist", "format_hist", "hist_to_sequence", "check_sequence",
+    "parse_profile", "check_profile", "nok_distribution",
     # summaries
-    "PHASES", "PHASE_DOC", "histogram", "conditional_hits", "summarize_noks", "log_lines",
+    "PHASES", "PHASE_DOC", "histogram", "conditional_hits", "summarize_noks", "CondHit", "NokStats",
     # acceptance and cost
     "teacher_forced", "combine", "implied_nok", "Acceptance",
-    "UnitCosts", "measure_unit_costs", "predict", "predict_result", "compare", "round_cost",
+    "UnitCosts", "K_VALUES", "measure_unit_costs", "check_measurement", "check_length", "check_size", "check_tokens", "edit_units", "Prediction", "predict", "predict_result", "compare",
+    "round_cost", "mean_nok", "equivalent_alpha",
 ]

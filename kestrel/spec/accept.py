@@ -1,37 +1,36 @@
-"""Teacher-forced MTP acceptance (the seed's E16) on a greedy reference stream.
+"""Teacher-forced MTP acceptance (the article's E16) on a greedy reference stream.
 
 For every anchor position i of the stream, with the MTP slot holding rows [0, i) built from
-the verified stream (pairing 'mtp': (t_{r+1}, h_r); pairing 'seed': (t_r, h_r)), chain the
+the verified stream (trained pairing: (t_{r+1}, h_r); the article's: (t_r, h_r)), chain the
 MTP from the anchor exactly as the drafter would and compare each prediction with the
-stream:
-  pairing 'mtp'   step 1 is (x = t_{i+1}, h = h_i) at q = i and should give t_{i+2};
-                  depth j predicts t_{i+1+j}  (d_1 = t_{i+1} itself is free)
-  pairing 'seed'  step 1 is (x = t_i, h = h_i) at q = i and should give t_{i+1};
-                  depth j predicts t_{i+j}
+stream. With o = Pairing.offset (1 trained, 0 article):
+  step 1 is (x = t_{i+o}, h = h_i) at q = i and should give t_{i+o+1}; depth j predicts
+  t_{i+o+j}  (trained: d_1 = t_{i+1} itself is free)
 the chain feeds its own prediction (x = pred, h = the MTP output), so it stops at the first miss.
 
-Counts, as the seed defines them (they reproduce E16's numbers exactly):
+Counts, as the article defines them (they reproduce E16's numbers exactly):
   N     anchors with a depth-1 target
   c_j   anchors where depths 1..j all hit
   e_j   anchors where depths 1..j-1 hit and a depth-j target exists
   alpha_j = c_j / e_j   (conditional hit rate of depth j)
   p_j     = c_j / N     (cumulative)
   E[len]  = 1 + sum_j p_j  (E16's token/round: the free token plus every hit depth)
-  advance[k] = expected tokens per round with k drafts per round:
-               mtp: 1 + sum_{j<k} p_j;  seed: 1 + sum_{2<=j<=k} p_j  (max(n_ok, 1))
+  advance[k] = expected tokens per round with k drafts, E[max(n_ok, 1)] with n_ok = min(k, o + lead):
+               1 + sum_{j = 2-o}^{k-o} p_j  (trained: 1 + p_1 + ... + p_{k-1}; article: 1 + p_2 + ... + p_k)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..engine import Engine, generate
-from ..errors import KestrelError
-from .schedule import PAIRINGS
+from .errors import SpecArgumentError
+from .inputs import check_length, check_size, check_tokens
+from .pairing import Pairing
 
 
 @dataclass
 class Acceptance:
-    pairing: str
+    pairing: Pairing
     depth: int
     N: int
     c: list                    # c[j-1] = c_j
@@ -54,13 +53,10 @@ class Acceptance:
     def advance(self, k: int) -> float:
         """Expected tokens per round with k drafts (see module doc)."""
         p = [x or 0.0 for x in self.p]
-        if self.pairing == "mtp":
-            if k - 1 > self.depth:
-                raise KestrelError(f"depth {self.depth} covers k <= {self.depth + 1} for pairing mtp")
-            return 1.0 + sum(p[:k - 1])
-        if k > self.depth:
-            raise KestrelError(f"depth {self.depth} covers k <= {self.depth} for pairing seed")
-        return 1.0 + sum(p[1:k])
+        o = self.pairing.offset
+        if self.pairing.judged_depths(k) > self.depth:
+            raise SpecArgumentError(f"depth {self.depth} covers k <= {self.depth + o} for the {self.pairing.value} pairing")
+        return 1.0 + sum(p[max(1 - o, 0):k - o])
 
     def profile(self) -> tuple:
         """alpha as a profile for the replay drafter (None -> 0)."""
@@ -68,11 +64,11 @@ class Acceptance:
 
     def line(self) -> str:
         parts = [f"alpha{j}={_f(a)} (p{j}={_f(p)})" for j, (a, p) in enumerate(zip(self.alpha, self.p), 1)]
-        return f"[accept] pairing={self.pairing} N={self.N}: " + ", ".join(parts) + f"; E[len]={self.E_len:.3f} token/round"
+        return f"[accept] pairing={self.pairing.value} N={self.N}: " + ", ".join(parts) + f"; E[len]={self.E_len:.3f} token/round"
 
     def to_dict(self) -> dict:
-        kmax = self.depth + (1 if self.pairing == "mtp" else 0)
-        return {"pairing": self.pairing, "depth": self.depth, "N": self.N, "c": list(self.c), "e": list(self.e),
+        kmax = self.depth + self.pairing.offset
+        return {"pairing": self.pairing.value, "depth": self.depth, "N": self.N, "c": list(self.c), "e": list(self.e),
                 "alpha": self.alpha, "p": self.p, "E_len": self.E_len,
                 "advance": {k: self.advance(k) for k in range(1, kmax + 1)}}
 
@@ -81,26 +77,29 @@ def _f(x):
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pairing: str = "mtp") -> Acceptance:
+def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pairing=Pairing.TRAINED) -> Acceptance:
     """Per-depth MTP hit rates on the greedy stream after `prompt` (computed if not given).
     One prefill of prompt+stream, then per anchor a chain of up to `depth` MTP steps."""
-    if pairing not in PAIRINGS:
-        raise KestrelError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    pairing = Pairing.parse(pairing)
     if not model.has_mtp:
-        raise KestrelError("teacher_forced: this model has no MTP head")
-    prompt = [int(t) for t in prompt]
+        raise SpecArgumentError("teacher_forced: this model has no MTP head")
+    prompt = check_tokens(prompt, model, "prompt")
+    depth = check_size(depth, "depth")
     if stream is None:
-        stream = generate(model, prompt, T)
-    toks = prompt + [int(t) for t in stream]
+        stream = generate(model, prompt, check_length(T, model, len(prompt)))
+    stream = check_tokens(stream, model, "stream")
+    check_length(len(stream), model, len(prompt))
+    toks = prompt + stream
     P, L = len(prompt), len(toks) - 1                 # L: last index with a token
-    off = 1 if pairing == "mtp" else 0               # depth j targets t_{i + off + j}
-    be = model.be
-    eng = Engine(model, max_seq=len(toks) + depth + 2, mmax=1, batch="flex")
-    H = eng.prefill(toks).hidden
+    off = pairing.offset                              # depth j targets t_{i + off + j}
     first = P - 1
     last = L - off - 1                               # last anchor with a depth-1 target
     if last < first:
-        raise KestrelError("teacher_forced: the stream is too short for one anchor")
+        raise SpecArgumentError("teacher_forced: the stream is too short for one anchor")
+    be = model.be
+    # MTP chains stop at the stream's end, so every position written lies below len(toks)
+    eng = Engine(model, max_seq=min(len(toks) + depth + 2, model.cfg.max_position_embeddings), mmax=1, batch="flex")
+    H = eng.prefill(toks).hidden
 
     def row(i):                                      # the verified MTP row i of this pairing
         return toks[i + off], H[i]
@@ -137,10 +136,10 @@ def combine(accs) -> Acceptance:
     """Counts over several streams (e.g. the six starts) add up."""
     accs = list(accs)
     if not accs:
-        raise KestrelError("combine: nothing to combine")
+        raise SpecArgumentError("combine: nothing to combine")
     a0 = accs[0]
     if any(a.pairing != a0.pairing or a.depth != a0.depth for a in accs):
-        raise KestrelError("combine: pairing and depth must match")
+        raise SpecArgumentError("combine: pairing and depth must match")
     return Acceptance(pairing=a0.pairing, depth=a0.depth, N=sum(a.N for a in accs),
                       c=[sum(a.c[j] for a in accs) for j in range(a0.depth)],
                       e=[sum(a.e[j] for a in accs) for j in range(a0.depth)],
@@ -148,12 +147,12 @@ def combine(accs) -> Acceptance:
 
 
 def implied_nok(acc: Acceptance, anchor: int, k: int) -> int:
-    """n_ok a real round anchored at `anchor` with k drafts gets, per these hits (pairing 'mtp':
-    the free d_1 plus the leading MTP hits; 'seed': the leading hits)."""
+    """n_ok a real round anchored at `anchor` with k drafts gets, per these hits: the free drafts
+    (Pairing.offset) plus the leading MTP hits."""
     hits = acc.hits[acc.anchors.index(anchor)] if anchor in acc.anchors else []   # past the last anchor: no depth
     lead = 0
     for h in hits:
         if not h:
             break
         lead += 1
-    return min(k, 1 + lead) if acc.pairing == "mtp" else min(k, lead)
+    return min(k, acc.pairing.offset + lead)

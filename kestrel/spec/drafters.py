@@ -1,4 +1,4 @@
-"""Drafters: who proposes d_1..d_k, and how each keeps the MTP slot (SPEC §4).
+"""Drafters: who proposes d_1..d_k, and how each keeps the MTP slot.
 
 The MTP head has its own KV cache and cursor (an independent slot). At every round start it
 must hold rows [0, p) written and its cursor at p; the engine's contiguity rule on mtp_step
@@ -6,24 +6,24 @@ catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after pre
 the prompt's hiddens, in one batched mtp_step, and re-establishes the invariant after each
 round in `sync`.
 
-  mtp-seed  the seed's pairing. Rows pair (t_i, h_i). Draft: mtp_step(q=p, x=t_p, h=h_p) -> d_1,
-            then chain x = d_j, h = the previous MTP output, q += 1: k MTP steps, rows p..p+k-1.
-            Sync: keep the draft rows and truncate to p' (those rows hold confirmed tokens,
-            with draft-time hiddens).
-  mtp       the pairing the MTP was trained for: (x = t_{i+1}, h = h_i) predicts t_{i+2}.
-            Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always accepted); then
-            mtp_step(q=p, x=d_1, h=h_p) -> d_2, chain: k-1 MTP steps, rows p..p+k-2.
-            Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1) and rewrite
-            rows up to p'-1 from the verified main hiddens in one batched mtp_step (k = 1 wrote
-            no row in the round, so the rewrite starts at p).
-  replay    an oracle forcing a given n_ok per round (Schedule): it copies the greedy reference
-            stream and corrupts draft n_ok+1, but still runs the real MTP steps of its pairing
-            ('seed' like mtp-seed, d_1 can miss; 'mtp' like mtp, d_1 free) so their cost is paid.
+  mtp-article  the article's pairing (Pairing.ARTICLE). Rows pair (t_i, h_i). Draft:
+            mtp_step(q=p, x=t_p, h=h_p) -> d_1, then chain x = d_j, h = the previous MTP output,
+            q += 1: k MTP steps, rows p..p+k-1. Sync: keep the draft rows and truncate to p'
+            (those rows hold confirmed tokens, with draft-time hiddens).
+  mtp       the pairing the MTP was trained for (Pairing.TRAINED): (x = t_{i+1}, h = h_i)
+            predicts t_{i+2}. Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always
+            accepted); then mtp_step(q=p, x=d_1, h=h_p) -> d_2, chain: k-1 MTP steps, rows
+            p..p+k-2. Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1)
+            and rewrite rows up to p'-1 from the verified main hiddens in one batched mtp_step
+            (k = 1 wrote no row in the round, so the rewrite starts at p).
+  replay    an oracle forcing a given n_ok per round (a Schedule): it copies the greedy
+            reference stream and corrupts draft n_ok+1, but still runs the real MTP steps of its
+            pairing (like mtp-article or like mtp) so their cost is paid.
 
 Deliberately wrong inputs (the bit-exact proof's blind spot), MTPDrafter(feed=...):
-  'seed-pairing'  the first MTP step gets x = t_p instead of d_1 (the seed's pairing fed to a
-                  drafter that reads its output as d_2)
-  'stale-hidden'  the first MTP step gets h_{p-1} instead of h_p
+  'article-pairing'  the first MTP step gets x = t_p instead of d_1 (the article's pairing fed
+                     to a drafter that reads its output as d_2)
+  'stale-hidden'     the first MTP step gets h_{p-1} instead of h_p
 The stream stays bit-exact (the main model's argmax decides every token); acceptance drops.
 
 Trusting mode (`trusting=True`, only for the negative control of chapter 3): the driver took
@@ -32,11 +32,12 @@ the drafter re-appends the round's confirmed rows at whatever the MTP cursor is.
 """
 from __future__ import annotations
 
-from ..errors import KestrelError
-from .schedule import PAIRINGS, Schedule
+from .errors import SpecArgumentError
+from .pairing import Pairing
+from .schedule import Schedule
 
-DRAFTERS = ("mtp-seed", "mtp", "replay")
-FEEDS = ("correct", "seed-pairing", "stale-hidden")
+DRAFTERS = ("mtp-article", "mtp", "replay")
+FEEDS = ("correct", "article-pairing", "stale-hidden")
 
 
 class RoundCtx:
@@ -57,17 +58,12 @@ def _stack_rows(be, first, rows, n):
 
 class Drafter:
     name = "drafter"
-    pairing = "seed"
+    pairing = Pairing.ARTICLE
 
     def __init__(self):
         self.forced = None          # list of tokens replacing the MTP's argmax (replay oracle)
         self.q0 = None
         self.written = 0
-
-    # --- cost accounting ---------------------------------------------------------------
-    def mtp_steps(self, k: int) -> int:
-        """MTP steps one round's draft takes with k drafts."""
-        return k if self.pairing == "seed" else k - 1
 
     def describe(self) -> str:
         return self.name
@@ -96,8 +92,8 @@ class Drafter:
         return d if self.forced is None else self.forced[j]
 
 
-class MTPSeedDrafter(Drafter):
-    name, pairing = "mtp-seed", "seed"
+class MTPArticleDrafter(Drafter):
+    name, pairing = "mtp-article", Pairing.ARTICLE
 
     def start(self, eng, tokens, hidden):
         P = len(tokens)
@@ -130,12 +126,12 @@ class MTPSeedDrafter(Drafter):
 
 
 class MTPDrafter(Drafter):
-    name, pairing = "mtp", "mtp"
+    name, pairing = "mtp", Pairing.TRAINED
 
     def __init__(self, feed: str = "correct"):
         super().__init__()
         if feed not in FEEDS:
-            raise KestrelError(f"feed must be one of {FEEDS}, got {feed!r}")
+            raise SpecArgumentError(f"feed must be one of {FEEDS}, got {feed!r}")
         self.feed = feed
 
     def describe(self):
@@ -150,7 +146,7 @@ class MTPDrafter(Drafter):
         be = self.be
         d1 = self._tok(0, ctx.a_p)
         drafts = [d1]
-        x = ctx.t_p if self.feed == "seed-pairing" else d1
+        x = ctx.t_p if self.feed == "article-pairing" else d1
         h = ctx.h_prev if self.feed == "stale-hidden" else ctx.h_p
         q = q0
         for j in range(1, k):
@@ -182,9 +178,11 @@ class ReplayDrafter(Drafter):
 
     def __init__(self, schedule: Schedule):
         super().__init__()
+        if not isinstance(schedule, Schedule):
+            raise SpecArgumentError(f"the replay drafter takes a spec.Schedule, got {type(schedule).__name__}")
         self.schedule = schedule
         self.pairing = schedule.pairing
-        self.base = MTPSeedDrafter() if self.pairing == "seed" else MTPDrafter()
+        self.base = BASE_DRAFTER[self.pairing]()
 
     def describe(self):
         return f"replay[{self.schedule.describe()}]"
@@ -192,7 +190,8 @@ class ReplayDrafter(Drafter):
     def bind(self, model, reference):
         super().bind(model, reference)
         if reference is None:
-            raise KestrelError("the replay drafter needs the greedy reference stream (run with greedy=True or reference=...)")
+            raise SpecArgumentError("the replay drafter needs the greedy reference stream "
+                                    "(run with greedy=True or reference=...)")
         self.base.bind(model, reference)
 
     def reset(self):
@@ -204,14 +203,14 @@ class ReplayDrafter(Drafter):
     def draft(self, eng, ctx, k, q0):
         ref, e = self.reference, ctx.emitted
         if e + k > len(ref):
-            raise KestrelError(f"replay drafter: reference has {len(ref)} tokens, round needs {e + k}")
+            raise SpecArgumentError(f"replay drafter: reference has {len(ref)} tokens, round needs {e + k}")
         n = self.schedule.next(k)
         forced = [int(t) for t in ref[e:e + k]]
         if n < k:
             forced[n] = (forced[n] + 1) % self.model.cfg.vocab_size      # corrupt draft n+1
-        if self.pairing == "mtp" and forced[0] != ctx.a_p:
-            raise KestrelError(f"replay drafter (pairing mtp): reference token {forced[0]} != argmax(logits_p) "
-                               f"{ctx.a_p} (n_ok={n} forced; d_1 is free and cannot miss)")
+        if self.pairing.offset and forced[0] != ctx.a_p:
+            raise SpecArgumentError(f"replay drafter ({self.pairing.value} pairing): reference token {forced[0]} != "
+                                    f"argmax(logits_p) {ctx.a_p} (n_ok={n} forced; d_1 is free and cannot miss)")
         self.base.forced = forced
         drafts = self.base.draft(eng, ctx, k, q0)
         self.q0, self.written = self.base.q0, self.base.written
@@ -221,23 +220,25 @@ class ReplayDrafter(Drafter):
         self.base.sync(eng, ctx, consumed, hid_rows, rolled_back, trusting)
 
 
-def make_drafter(name, *, hist=None, profile=None, seq=None, pairing: str | None = None, seed: int = 0,
-                 feed: str = "correct", order: str = "shuffle", fit_k: int | None = None) -> Drafter:
-    """'mtp-seed' | 'mtp' | 'replay' (+ one of hist=/profile=/seq=, pairing 'seed'|'mtp')."""
+BASE_DRAFTER = {Pairing.ARTICLE: MTPArticleDrafter, Pairing.TRAINED: MTPDrafter}
+
+
+def make_drafter(name, *, schedule: Schedule | None = None, feed: str = "correct") -> Drafter:
+    """'mtp-article' | 'mtp' | 'replay' (with schedule=) | a Drafter (returned as is)."""
     if isinstance(name, Drafter):
+        if schedule is not None or feed != "correct":
+            raise SpecArgumentError("schedule= and feed= configure a drafter by name; this one is built already")
         return name
-    if name == "mtp-seed":
-        if feed != "correct":
-            raise KestrelError("feed= variants belong to the 'mtp' drafter")
-        return MTPSeedDrafter()
+    if name != "replay" and schedule is not None:
+        raise SpecArgumentError(f"schedule= belongs to the replay drafter, not {name!r}")
+    if name != "mtp" and feed != "correct":
+        raise SpecArgumentError(f"feed= variants belong to the 'mtp' drafter, not {name!r}")
+    if name == "mtp-article":
+        return MTPArticleDrafter()
     if name == "mtp":
         return MTPDrafter(feed=feed)
     if name == "replay":
-        pairing = pairing or "seed"
-        if pairing not in PAIRINGS:
-            raise KestrelError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
-        if hist is None and profile is None and seq is None:
-            raise KestrelError("the replay drafter needs hist=, profile= or seq=")
-        return ReplayDrafter(Schedule(seq=seq, hist=hist, profile=profile, pairing=pairing, seed=seed,
-                                      order=order, fit_k=fit_k))
-    raise KestrelError(f"unknown drafter {name!r}; known: {DRAFTERS}")
+        if schedule is None:
+            raise SpecArgumentError("the replay drafter needs schedule=spec.Schedule(hist=... | profile=... | seq=...)")
+        return ReplayDrafter(schedule)
+    raise SpecArgumentError(f"unknown drafter {name!r}; known: {DRAFTERS}")

@@ -1,55 +1,92 @@
-"""n_ok schedules: histograms, sequences and per-depth acceptance profiles.
+"""n_ok schedules: histograms, sequences and per-depth acceptance profiles, validated against k.
 
-An n_ok histogram is a dict {n_ok: rounds}; the seed writes it `0:24 1:6 2:11 3:4`
-(also accepted: `n_ok=0:24 n_ok=1:6 ...`, commas instead of spaces).
+An n_ok histogram is a dict {n_ok: rounds}; the article writes it `0:24 1:6 2:11 3:4` (also
+accepted: `n_ok=0:24 n_ok=1:6 ...`, commas instead of spaces).
 
 A per-depth acceptance profile alpha_j is the conditional hit rate of the j-th MTP prediction
-given that all earlier ones hit (the seed's E16 on Qwen3.5-27B: 0.714, 0.364, 0.500, 0.750).
-Which draft it applies to depends on the pairing:
-  pairing "seed"  every draft comes from the MTP: alpha_1 is d_1's hit rate, alpha_2 is d_2 | d_1, ...
-  pairing "mtp"   d_1 = argmax(logits_p) is free (always accepted); alpha_1 is d_2 | d_1,
-                  alpha_2 is d_3 | d_1 d_2, ... (the profile applies from d_2)
+given that all earlier ones hit (the article's E16 on Qwen3.5-27B: 0.714, 0.364, 0.500, 0.750).
+It applies from the first draft the MTP makes (Pairing.offset: from d_1 under the article's
+pairing, from d_2 under the trained one, where d_1 is free).
+
+Nothing is clamped, merged or truncated: n_ok outside [the pairing's minimum, k], a duplicate
+entry, a count that is not a non-negative int, a histogram without rounds, a rate outside
+[0, 1] or a profile with fewer depths than k needs is a ScheduleError.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
-from ..errors import KestrelError
+from .errors import ScheduleError
+from .pairing import Pairing
 
-SEED_HIST = {0: 24, 1: 6, 2: 11, 3: 4}          # seed §3.4: T=64, k=3, 45 rounds, 40 accepted
-SEED_HIST_STR = "0:24 1:6 2:11 3:4"
-E16_PROFILE = (0.714, 0.364, 0.500, 0.750)       # seed §5 CPU/GPU check "E16", teacher-forced, T=63
-PAIRINGS = ("seed", "mtp")
+ARTICLE_HIST = {0: 24, 1: 6, 2: 11, 3: 4}        # the article's wall run: T=64, k=3, 45 rounds, 40 accepted
+E16_PROFILE = (0.714, 0.364, 0.500, 0.750)       # the article's check "E16", teacher-forced, T=63
+
+
+def is_int(x) -> bool:
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _nok_key(n):
+    if is_int(n) and n >= 0:
+        return int(n)
+    if isinstance(n, str) and re.fullmatch(r"\d+", n):        # a JSON round trip makes keys strings
+        return int(n)
+    raise ScheduleError(f"histogram key {n!r} is not an n_ok (a non-negative int)")
 
 
 def parse_hist(h) -> dict:
     """'0:24 1:6 2:11 3:4' | 'n_ok=0:24 ...' | {0: 24, ...} -> {0: 24, 1: 6, 2: 11, 3: 4}."""
+    out = {}
     if isinstance(h, dict):
-        out = {int(n): int(c) for n, c in h.items()}
+        items = list(h.items())
     elif isinstance(h, str):
-        out = {}
+        items = []
         for part in re.split(r"[\s,;]+", h.strip()):
             if not part:
                 continue
             m = re.fullmatch(r"(?:n_ok=)?(\d+):(\d+)", part)
             if not m:
-                raise KestrelError(f"histogram entry {part!r} is not 'n:count' (e.g. '0:24 1:6 2:11 3:4')")
-            out[int(m.group(1))] = out.get(int(m.group(1)), 0) + int(m.group(2))
+                raise ScheduleError(f"histogram entry {part!r} is not 'n_ok:count' with non-negative ints "
+                                    f"(e.g. '0:24 1:6 2:11 3:4')")
+            items.append((int(m.group(1)), int(m.group(2))))
     else:
-        raise KestrelError(f"a histogram is a 'n:count ...' string or a dict, got {type(h).__name__}")
-    if any(n < 0 or c < 0 for n, c in out.items()):
-        raise KestrelError(f"histogram entries must be non-negative, got {out}")
+        raise ScheduleError(f"a histogram is an 'n_ok:count ...' string or a dict, got {type(h).__name__}")
+    for n, c in items:
+        n = _nok_key(n)
+        if not is_int(c) or c < 0:
+            raise ScheduleError(f"histogram count for n_ok={n} must be a non-negative int, got {c!r}")
+        if n in out:
+            raise ScheduleError(f"histogram names n_ok={n} twice")
+        out[n] = int(c)
     if sum(out.values()) == 0:
-        raise KestrelError("histogram has no rounds")
+        raise ScheduleError(f"histogram has no rounds: {h!r}")
     return dict(sorted(out.items()))
 
 
-def format_hist(hist: dict, k: int | None = None) -> str:
-    """{0: 24, ...} -> 'n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4' (every n in 0..k when k is given)."""
+def check_hist(hist, k: int, pairing: Pairing) -> dict:
+    """parse_hist, then every n_ok in [pairing.min_nok, k] (an n_ok below the minimum may appear with count 0)."""
+    h = parse_hist(hist)
+    over = [n for n in h if n > k]
+    if over:
+        raise ScheduleError(f"histogram has n_ok={over[0]} > k={k}")
+    under = [n for n, c in h.items() if c and n < pairing.min_nok]
+    if under:
+        raise ScheduleError(f"histogram has rounds with n_ok={under[0]}: the {pairing.value} pairing's d_1 is free, "
+                            f"n_ok >= {pairing.min_nok}")
+    return h
+
+
+def format_hist(hist: dict, k: int | None = None, *, labels: bool = True) -> str:
+    """{0: 24, ...} -> 'n_ok=0:24 n_ok=1:6 n_ok=2:11 n_ok=3:4' (every n in 0..k when k is given);
+    labels=False: '0:24 1:6 2:11 3:4' (the form parse_hist reads back)."""
     keys = range(0, (k if k is not None else max(hist)) + 1)
-    return " ".join(f"n_ok={n}:{hist.get(n, 0)}" for n in keys)
+    pre = "n_ok=" if labels else ""
+    return " ".join(f"{pre}{n}:{hist.get(n, 0)}" for n in keys)
 
 
 def advance(n_ok: int) -> int:
@@ -63,7 +100,7 @@ def hist_to_sequence(hist, order: str = "shuffle", seed: int = 0, fit_k: int | N
     order: 'shuffle' (seeded permutation), 'sorted' (ascending), 'given' (n = 0, 1, ... blocks).
     fit_k: move one round with n_ok == fit_k to the end. A strict run of T = sum(max(n,1))
     tokens then ends exactly on a round: its last round starts with fit_k tokens left, so the
-    tail (< k left) never starts and every requested round happens. (The seed's T=64, k=3
+    tail (< k left) never starts and every requested round happens. (The article's T=64, k=3
     run: 45 rounds, 24+6+22+12 = 64 tokens.)
     """
     hist = parse_hist(hist)
@@ -73,56 +110,79 @@ def hist_to_sequence(hist, order: str = "shuffle", seed: int = 0, fit_k: int | N
     elif order == "sorted":
         seq = sorted(seq)
     elif order != "given":
-        raise KestrelError(f"order must be 'shuffle', 'sorted' or 'given', got {order!r}")
+        raise ScheduleError(f"order must be 'shuffle', 'sorted' or 'given', got {order!r}")
     if fit_k is not None and fit_k in seq:
         i = len(seq) - 1 - seq[::-1].index(fit_k)
         seq.append(seq.pop(i))
     return seq
 
 
-def check_profile(profile) -> tuple:
-    prof = tuple(float(a) for a in profile)
-    if not prof or any(not 0.0 <= a <= 1.0 for a in prof):
-        raise KestrelError(f"an acceptance profile is a non-empty list of rates in [0, 1], got {profile!r}")
-    return prof
+def check_sequence(seq, k: int | None = None, pairing: Pairing = Pairing.ARTICLE) -> list:
+    """A non-empty list of int n_ok values, each in [pairing.min_nok, k]."""
+    if isinstance(seq, (str, bytes, dict)) or not hasattr(seq, "__iter__"):
+        raise ScheduleError(f"an n_ok sequence is a list of ints, got {type(seq).__name__}")
+    seq = list(seq)
+    if not seq:
+        raise ScheduleError("the n_ok sequence is empty")
+    for n in seq:
+        if not is_int(n) or n < 0:
+            raise ScheduleError(f"an n_ok sequence holds non-negative ints, got {n!r}")
+        if k is not None and n > k:
+            raise ScheduleError(f"the n_ok sequence has n_ok={n} > k={k}")
+        if n < pairing.min_nok:
+            raise ScheduleError(f"the {pairing.value} pairing makes d_1 = argmax(logits_p) free: "
+                                f"n_ok = {n} cannot be forced (n_ok >= {pairing.min_nok})")
+    return [int(n) for n in seq]
+
+
+def check_profile(profile, k: int | None = None, pairing: Pairing = Pairing.ARTICLE) -> tuple:
+    """A non-empty list of finite rates in [0, 1]; with k, at least the depths a round of k judges."""
+    if isinstance(profile, (str, bytes, dict)) or not hasattr(profile, "__iter__"):
+        raise ScheduleError(f"an acceptance profile is a list of rates in [0, 1], got {profile!r}")
+    prof = list(profile)
+    for a in prof:
+        if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(a) or not 0.0 <= a <= 1.0:
+            raise ScheduleError(f"an acceptance profile is a non-empty list of rates in [0, 1], got {profile!r}")
+    if not prof:
+        raise ScheduleError("the acceptance profile is empty")
+    if k is not None and len(prof) < pairing.judged_depths(k):
+        raise ScheduleError(f"the profile has {len(prof)} depth(s); k={k} with the {pairing.value} pairing "
+                            f"judges {pairing.judged_depths(k)}")
+    return tuple(float(a) for a in prof)
 
 
 def parse_profile(s) -> tuple:
+    """'0.714,0.364 0.5' or a list -> a checked profile tuple."""
     if isinstance(s, str):
-        return check_profile(float(x) for x in re.split(r"[\s,;]+", s.strip()) if x)
+        parts = [x for x in re.split(r"[\s,;]+", s.strip()) if x]
+        try:
+            vals = [float(x) for x in parts]
+        except ValueError:
+            raise ScheduleError(f"an acceptance profile is comma-separated rates in [0, 1], got {s!r}") from None
+        return check_profile(vals)
     return check_profile(s)
 
 
-def nok_distribution(profile, k: int, pairing: str = "seed") -> list:
+def nok_distribution(profile, k: int, pairing=Pairing.ARTICLE) -> list:
     """P(n_ok = n) for n = 0..k under a per-depth profile (independent draws per depth)."""
-    prof = check_profile(profile)
-    if pairing not in PAIRINGS:
-        raise KestrelError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
-    first = 0 if pairing == "seed" else 1            # n_ok reached before the MTP drafts are judged
-    depths = k - first                                # MTP drafts judged by the verify
-    if depths > len(prof):
-        raise KestrelError(f"profile has {len(prof)} depths; k={k} with pairing {pairing!r} needs {depths}")
+    pairing = Pairing.parse(pairing)
+    prof = check_profile(profile, k, pairing)
+    first = pairing.min_nok                          # n_ok reached before the MTP drafts are judged
     dist = [0.0] * (k + 1)
     reach = 1.0
-    for j in range(depths):
+    for j in range(pairing.judged_depths(k)):
         dist[first + j] += reach * (1.0 - prof[j])
         reach *= prof[j]
     dist[k] += reach
     return dist
 
 
-def sample_nok(profile, k: int, pairing: str, rng) -> int:
-    """One draw of n_ok: walk the depths, stop at the first miss."""
-    prof = check_profile(profile)
-    n = 0 if pairing == "seed" else 1
-    while n < k:
-        j = n - (0 if pairing == "seed" else 1)
-        if j >= len(prof):
-            raise KestrelError(f"profile has {len(prof)} depths; k={k} with pairing {pairing!r} needs more")
-        if rng.random() < prof[j]:
-            n += 1
-        else:
-            break
+def sample_nok(profile: tuple, k: int, pairing: Pairing, rng) -> int:
+    """One draw of n_ok from a checked profile: walk the depths, stop at the first miss."""
+    n = pairing.min_nok
+    while n < k and rng.random() < profile[n - pairing.min_nok]:
+        n += 1
     return n
 
 
@@ -130,48 +190,69 @@ class Schedule:
     """The n_ok the replay drafter forces, round by round.
 
     One of: seq (a list, cycled when it runs out), hist (expanded by hist_to_sequence and
-    cycled), profile (one seeded draw per round). `requested` records each round's value.
+    cycled), profile (one seeded draw per round). Checked when built (types, the pairing's
+    minimum) and again against the run's k by `bind(k)`, which also expands a histogram (one
+    round with n_ok == k moved last, see hist_to_sequence). `requested` records each round's
+    value; a shrunk tail round of k_r < k drafts gets min(n, k_r).
     """
 
-    def __init__(self, seq=None, hist=None, profile=None, pairing: str = "seed", seed: int = 0,
-                 order: str = "shuffle", fit_k: int | None = None):
-        given = [x is not None for x in (seq, hist, profile)]
-        if sum(given) != 1:
-            raise KestrelError("a schedule needs exactly one of seq=, hist=, profile=")
-        if pairing not in PAIRINGS:
-            raise KestrelError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
-        self.pairing, self.seed = pairing, seed
+    def __init__(self, seq=None, hist=None, profile=None, pairing=Pairing.ARTICLE, seed: int = 0,
+                 order: str = "shuffle"):
+        if sum(x is not None for x in (seq, hist, profile)) != 1:
+            raise ScheduleError("a schedule needs exactly one of seq=, hist=, profile=")
+        if not is_int(seed):
+            raise ScheduleError(f"the schedule's seed must be an int, got {seed!r}")
+        self.pairing, self.seed, self.order = Pairing.parse(pairing), int(seed), order
         self.profile = parse_profile(profile) if profile is not None else None
+        self.hist = None
         if hist is not None:
-            self.hist = parse_hist(hist)
-            seq = hist_to_sequence(self.hist, order=order, seed=seed, fit_k=fit_k)
-        else:
-            self.hist = None
-        self.seq = None if seq is None else [int(n) for n in seq]
-        if self.seq is not None:
-            if not self.seq or any(n < 0 for n in self.seq):
-                raise KestrelError(f"an n_ok sequence is a non-empty list of non-negative ints, got {seq!r}")
-            if pairing == "mtp" and 0 in self.seq:
-                raise KestrelError("pairing 'mtp' makes d_1 = argmax(logits_p) free: n_ok = 0 cannot be forced")
+            h = parse_hist(hist)
+            self.hist = check_hist(h, max(h), self.pairing)
+        self.given_seq = check_sequence(seq, None, self.pairing) if seq is not None else None
+        self.k = None
+        self.seq = self.given_seq
+        if self.hist is not None:
+            self.seq = hist_to_sequence(self.hist, order=order, seed=self.seed)
         self.reset()
+
+    def bind(self, k: int) -> "Schedule":
+        """Check against the run's k; expand a histogram for it."""
+        self.bind_check(k)
+        if self.hist is not None:
+            self.seq = hist_to_sequence(self.hist, order=self.order, seed=self.seed, fit_k=k)
+        self.k = k
+        self.reset()
+        return self
+
+    def bind_check(self, k: int):
+        """ScheduleError unless every round of k drafts can get what this schedule asks."""
+        if self.hist is not None:
+            check_hist(self.hist, k, self.pairing)
+        elif self.given_seq is not None:
+            check_sequence(self.given_seq, k, self.pairing)
+        else:
+            check_profile(self.profile, k, self.pairing)
 
     def reset(self):
         self.i = 0
         self.rng = np.random.default_rng(self.seed)
         self.requested = []
 
-    def next(self, k: int) -> int:
+    def next(self, k_round: int) -> int:
+        if self.k is None or k_round > self.k:
+            self.bind_check(k_round)
         if self.seq is not None:
             n = self.seq[self.i % len(self.seq)]
         else:
-            n = sample_nok(self.profile, k, self.pairing, self.rng)
+            n = sample_nok(self.profile, k_round, self.pairing, self.rng)
         self.i += 1
         self.requested.append(n)
-        return min(n, k)
+        return min(n, k_round)
 
     def describe(self) -> str:
+        pr = self.pairing.value
         if self.profile is not None:
-            return f"profile({', '.join(f'{a:.3f}' for a in self.profile)}; pairing={self.pairing}, seed={self.seed})"
+            return f"profile({', '.join(f'{a:.3f}' for a in self.profile)}; pairing={pr}, seed={self.seed})"
         if self.hist is not None:
-            return f"hist({' '.join(f'{n}:{c}' for n, c in self.hist.items())}; pairing={self.pairing})"
-        return f"seq(len={len(self.seq)}; pairing={self.pairing})"
+            return f"hist({' '.join(f'{n}:{c}' for n, c in self.hist.items())}; pairing={pr})"
+        return f"seq(len={len(self.seq)}; pairing={pr})"

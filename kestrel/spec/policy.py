@@ -1,0 +1,154 @@
+"""Policies: how a round undoes the rejected part of its verify. One object per policy carries its
+engine batch mode, its verify, its finalise step and its cost formula; the round and the cost
+model both dispatch through it, so a new policy is one new class here (plus its engine support).
+
+  replay       the article's wall. Strict batch (M == mmax). mark(); step_m(p+1, drafts); on a
+               partial accept rollback() and replay the accepted rows with M=1 steps.
+  flex-replay  as replay, but the accepted rows are replayed in one step_m (flex batch).
+  checkpoint   verify_checkpointed(p+1, drafts) writes a GDN state slot per row; finalise is
+               select_checkpoint(n_ok): no copy, no replay.
+n_ok == 0 emits a_p = argmax(logits_p): every policy then consumes it with one M=1 step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import SpecArgumentError
+from .schedule import advance
+
+
+@dataclass
+class Finalised:
+    """What a round has after its finalise step: the verified hiddens of the consumed rows
+    ([adv, D]), the logits of the last one, and for replay policies the replayed rows (so that
+    check_rows can compare them with the verify's)."""
+    hidden: object
+    logits: object
+    rolled_back: bool = False
+    replayed_logits: list | None = None
+
+
+class Policy:
+    name: str = ""
+    batch: str = "flex"          # the engine batch mode the policy needs
+    uses_mark: bool = False      # verify after mark(), undo by rollback()
+    doc: str = ""
+
+    # ---- the round ---------------------------------------------------------------------------
+    def snapshot(self, eng, include_mtp_cursor: bool) -> bool:
+        """Before the verify: take what finalise will need to undo it. True if it did anything."""
+        return False
+
+    def verify(self, eng, pos: int, drafts: list):
+        raise NotImplementedError
+
+    def finalise(self, eng, s, p: int, consumed: list, n_ok: int, k: int, lap) -> Finalised:
+        """Leave the engine having consumed exactly `consumed` after position p. s: the verify's
+        Step; lap(phase) closes a timed phase ('rollback', 'replay')."""
+        raise NotImplementedError
+
+    # ---- the cost model ------------------------------------------------------------------------
+    def cost(self, u, k: int, n: int) -> dict:
+        """Predicted ms of the phases this policy owns (mark, verify, rollback, replay) for one
+        round of k drafts that accepts n, from UnitCosts u."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"Policy({self.name!r})"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def parse(x) -> "Policy":
+        if isinstance(x, Policy):
+            return x
+        if isinstance(x, str) and x in POLICIES:
+            return POLICIES[x]
+        raise SpecArgumentError(f"unknown policy {x!r}; known: {tuple(POLICIES)}")
+
+
+def _keep(s, k) -> Finalised:
+    return Finalised(s.hidden[:k], s.logits[k - 1])
+
+
+class _MarkRollback(Policy):
+    """mark(); verify; on a partial accept rollback() and replay what was accepted."""
+    uses_mark = True
+
+    def snapshot(self, eng, include_mtp_cursor):
+        eng.mark(include_mtp_cursor=include_mtp_cursor)
+        return True
+
+    def verify(self, eng, pos, drafts):
+        return eng.step_m(pos, drafts)
+
+    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+        if n_ok == k:
+            return _keep(s, k)
+        eng.rollback()
+        lap("rollback")
+        hid, lg, lgs = self.replay(eng, p, consumed, n_ok)
+        lap("replay")
+        return Finalised(hid, lg, rolled_back=True, replayed_logits=lgs)
+
+    def replay(self, eng, p, consumed, n_ok):
+        """Consume `consumed` again after the rollback: -> (hiddens, last logits, each row's logits)."""
+        outs = [eng.step(p + 1 + j, t) for j, t in enumerate(consumed)]          # M=1, row by row
+        return eng.model.be.xp.stack([o.hidden for o in outs]), outs[-1].logits, [o.logits for o in outs]
+
+    def cost(self, u, k, n):
+        c = {"mark": u.mark, "verify": u.get("step_m", k)}
+        if n < k:
+            c["rollback"] = u.rollback
+            c["replay"] = self.replay_cost(u, n)
+        return c
+
+    def replay_cost(self, u, n):
+        return advance(n) * u.step
+
+
+class ReplayPolicy(_MarkRollback):
+    name, batch = "replay", "strict"
+    doc = "the article's wall: strict batch (M == mmax), rollback + M=1 replay row by row"
+
+
+class FlexReplayPolicy(_MarkRollback):
+    name, batch = "flex-replay", "flex"
+    doc = "rollback + one batched replay of the n_ok accepted rows (flex batch)"
+
+    def replay(self, eng, p, consumed, n_ok):
+        if n_ok == 0:
+            return super().replay(eng, p, consumed, n_ok)
+        s2 = eng.step_m(p + 1, consumed)                                          # one batch of n_ok rows
+        return s2.hidden, s2.logits[n_ok - 1], [s2.logits[j] for j in range(n_ok)]
+
+    def replay_cost(self, u, n):
+        return u.step if n == 0 else u.get("step_m", n)
+
+
+class CheckpointPolicy(Policy):
+    name, batch = "checkpoint", "flex"
+    doc = "per-row GDN checkpoints written by the verify; select slot n_ok: no copy, no replay"
+
+    def verify(self, eng, pos, drafts):
+        return eng.verify_checkpointed(pos, drafts)
+
+    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+        eng.select_checkpoint(n_ok)                 # slot n_ok (0: the untouched original)
+        lap("rollback")
+        if n_ok >= 1:
+            return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
+        s1 = eng.step(p + 1, consumed[0])
+        lap("replay")
+        return Finalised(s1.hidden.reshape(1, -1), s1.logits)
+
+    def cost(self, u, k, n):
+        c = {"verify": u.get("ckpt", k), "rollback": u.select}
+        if n == 0:
+            c["replay"] = u.step
+        return c
+
+
+REPLAY, FLEX_REPLAY, CHECKPOINT = ReplayPolicy(), FlexReplayPolicy(), CheckpointPolicy()
+POLICIES = {p.name: p for p in (REPLAY, FLEX_REPLAY, CHECKPOINT)}

@@ -1,0 +1,199 @@
+"""The anchored speculative round, run until T tokens are emitted.
+
+Invariant at a round start: the main model has consumed through position p (its cursor is
+p+1); h_p and logits_p are at hand (a_p = argmax(logits_p) is the token at p+1); the MTP
+cursor is at p with rows [0, p) written.
+
+  1. draft        d_1..d_k (the drafter)
+  2. verify       the policy's snapshot (mark() or nothing), then its verify of [d_1..d_k] at p+1
+  3. accept       n_ok = 1 if a_p == d_1 else 0; while n_ok < k and argmax(row n_ok-1) == d_{n_ok+1}:
+                  n_ok += 1  (n_ok >= 1 is checked before row n_ok-1 is read)
+  4. emit         n_ok >= 1: d_1..d_{n_ok};  n_ok == 0: a_p.  Never the self token argmax(row n_ok-1):
+                  it is the next round's judge of d'_1.
+  5. finalise     consumed == emitted: the policy's finalise (see policy.py)
+  6. sync         p' = p + max(n_ok, 1); the drafter syncs the MTP slot to p'.
+  tail: when fewer than k tokens are left, a strict engine rejects the short batch; the article's
+        driver stops speculating and finishes with plain M=1 steps (tail='plain', the default for
+        strict). Flex engines shrink the last rounds (tail='shrink'); tail='shrink' on a strict
+        engine reproduces the article's bug (BatchWidthError).
+Each phase is timed with the backend's clock (stats.PHASES); 'bookkeeping' is steps 3-4 and the checks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .drafters import Drafter, RoundCtx
+from .errors import InvariantError
+from .policy import Policy
+from .records import RoundRecord
+
+TAILS = ("plain", "shrink")
+
+
+@dataclass(frozen=True)
+class Mistakes:
+    """The deliberately wrong variants (for the book), all off by default.
+
+    emit_self        also emit the self token: ghost (duplicated) tokens; the consumed == emitted
+                     check raises unless check=False
+    double_consume   verify [t_p, d_1..d_{k-1}] at p: position p consumed twice; the engine raises
+                     CursorError
+    mark_first       the negative control: mark() before the draft, and a driver that trusts
+    mark_mtp_cursor  rollback() to rewind the MTP slot (drafts at the engine's MTP cursor). With
+                     the MTP cursor in the snapshot (mark_mtp_cursor=True) the drafts equal the
+                     standard run's; without it the MTP rows drift: other drafts, another
+                     histogram (the stream stays bit-exact: the construction guarantee hides it)
+    feed             the 'mtp' drafter's inputs: 'article-pairing' | 'stale-hidden' (bit-exact,
+                     acceptance collapses)
+    """
+    emit_self: bool = False
+    double_consume: bool = False
+    mark_first: bool = False
+    mark_mtp_cursor: bool = True
+    feed: str = "correct"
+
+    def on(self) -> dict:
+        """The switches that differ from a correct run (recorded in the summary's variants)."""
+        ref = Mistakes()
+        return {k: v for k, v in vars(self).items() if v != getattr(ref, k)}
+
+
+class SpecRun:
+    """One speculative decoding run on an engine that is fresh or reset."""
+
+    def __init__(self, model, eng, drafter: Drafter, prompt, T: int, k: int, policy: Policy, tail: str,
+                 mistakes: Mistakes, check: bool, check_rows: bool, on_round=None):
+        self.model, self.be, self.eng, self.d = model, model.be, eng, drafter
+        self.prompt, self.T, self.k, self.policy, self.tail = prompt, T, k, policy, tail
+        self.mistakes, self.check, self.check_rows, self.on_round = mistakes, check, check_rows, on_round
+        self.stream, self.records = [], []
+        self.tail_tokens, self.tail_ms, self.tail_reason = 0, 0.0, ""
+
+    def go(self):
+        be, eng, P = self.be, self.eng, len(self.prompt)
+        a = be.now()
+        s = eng.prefill(self.prompt)
+        b = be.now()
+        self.d.start(eng, self.prompt, s.hidden)
+        c = be.now()
+        self.prefill_ms, self.mtp_fill_ms = be.elapsed_ms(a, b), be.elapsed_ms(b, c)
+        H = s.hidden
+        self.ctx = RoundCtx(p=P - 1, t_p=self.prompt[-1], h_p=H[P - 1], h_prev=H[max(P - 2, 0)],
+                            a_p=int(be.argmax(s.logits[P - 1])), emitted=0, P=P)
+        self._check_invariant()
+        while len(self.stream) < self.T:
+            left = self.T - len(self.stream)
+            kr = self.k
+            if left < self.k:
+                if self.tail == "plain":
+                    self._plain_tail(left)
+                    break
+                kr = left          # a short batch: flex accepts it, strict raises (the article's bug)
+            self._round(kr)
+        return self
+
+    # ---- one round ---------------------------------------------------------------------------
+    def _round(self, k):
+        be, eng, ctx, policy, wrong = self.be, self.eng, self.ctx, self.policy, self.mistakes
+        p = ctx.p
+        ev, names = [be.now()], []
+
+        def lap(name):
+            ev.append(be.now())
+            names.append(name)
+
+        mcur = eng.mtp_cursor
+        if wrong.mark_first and policy.snapshot(eng, wrong.mark_mtp_cursor):
+            lap("mark")
+        q0 = eng.mtp_cursor if wrong.mark_first else p          # mark_first: the driver trusts the cursor
+        drafts = self.d.draft(eng, ctx, k, q0)
+        lap("draft")
+        if wrong.double_consume:      # the article's first verify: position p once more
+            vpos, vtoks = p, [ctx.t_p] + drafts[:k - 1]
+        else:
+            vpos, vtoks = p + 1, drafts
+        if not wrong.mark_first and policy.snapshot(eng, wrong.mark_mtp_cursor):
+            lap("mark")
+        s = policy.verify(eng, vpos, vtoks)
+        lap("verify")
+
+        rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
+        n_ok = 1 if ctx.a_p == drafts[0] else 0
+        while n_ok >= 1 and n_ok < k and rows[n_ok - 1] == drafts[n_ok]:
+            n_ok += 1
+        consumed = drafts[:n_ok] if n_ok >= 1 else [ctx.a_p]
+        self_token = rows[n_ok - 1] if n_ok >= 1 else None
+        emitted = list(consumed)
+        if wrong.emit_self and n_ok >= 1:
+            emitted.append(self_token)              # WRONG on purpose: the ghost token
+        lap("bookkeeping")
+
+        fin = policy.finalise(eng, s, p, consumed, n_ok, k, lap)
+        if self.check_rows and fin.replayed_logits is not None and n_ok >= 1:
+            self._check_rows(s, fin.hidden, fin.replayed_logits, n_ok)
+
+        self.d.sync(eng, ctx, consumed, fin.hidden, rolled_back=fin.rolled_back, trusting=wrong.mark_first)
+        lap("sync")
+
+        adv = len(consumed)
+        hid = fin.hidden
+        self.stream.extend(emitted)
+        h_prev = hid[adv - 2] if adv >= 2 else ctx.h_p
+        self.ctx = RoundCtx(p=p + adv, t_p=consumed[-1], h_p=hid[adv - 1], h_prev=h_prev,
+                            a_p=int(be.argmax(fin.logits)), emitted=len(self.stream), P=ctx.P)
+        self._check_invariant()
+        lap("bookkeeping")
+
+        ms = {}
+        for name, a, b in zip(names, ev[:-1], ev[1:]):
+            ms[name] = ms.get(name, 0.0) + be.elapsed_ms(a, b)
+        req = self.d.schedule.requested[-1] if hasattr(self.d, "schedule") else None
+        self.records.append(RoundRecord(i=len(self.records), p=p, k=k, drafts=list(drafts), n_ok=n_ok,
+                                        emitted=emitted, self_token=self_token, mtp_cursor=mcur, ms=ms,
+                                        requested=req))
+        if self.on_round is not None:
+            self.on_round(self.records[-1])
+
+    def _plain_tail(self, left):
+        be, eng = self.be, self.eng
+        self.tail_reason = (f"{left} left < k={self.k}: the strict batch needs M == mmax == {self.k}, "
+                            f"so the article's driver stops speculating")
+        a = be.now()
+        for _ in range(left):
+            ctx = self.ctx
+            t = ctx.a_p
+            self.stream.append(t)
+            s = eng.step(ctx.p + 1, t)
+            self.ctx = RoundCtx(p=ctx.p + 1, t_p=t, h_p=s.hidden, h_prev=ctx.h_p, a_p=int(be.argmax(s.logits)),
+                                emitted=len(self.stream), P=ctx.P)
+        b = be.now()
+        self.tail_tokens, self.tail_ms = left, be.elapsed_ms(a, b)
+        if self.check and self.eng.cursor - len(self.prompt) != len(self.stream):
+            raise InvariantError("tail: consumed != emitted")
+
+    # ---- checks ---------------------------------------------------------------------------------
+    def _check_invariant(self):
+        if not self.check:
+            return
+        eng, ctx, P = self.eng, self.ctx, len(self.prompt)
+        consumed = eng.cursor - P
+        if consumed != len(self.stream):
+            raise InvariantError(f"round {len(self.records)}: consumed {consumed} != emitted {len(self.stream)} "
+                                 f"(main cursor {eng.cursor}, prompt {P})")
+        if eng.cursor != ctx.p + 1:
+            raise InvariantError(f"round {len(self.records)}: main cursor {eng.cursor} != p+1 = {ctx.p + 1}")
+        if eng.pending is not None:
+            raise InvariantError(f"round {len(self.records)}: a checkpointed verify is still pending")
+        if not self.mistakes.mark_first and eng.mtp_cursor != ctx.p:
+            raise InvariantError(f"round {len(self.records)}: MTP cursor {eng.mtp_cursor} != p = {ctx.p}")
+
+    def _check_rows(self, s, hid, lgs, n_ok):
+        be = self.be
+        for j in range(n_ok):
+            same_h = np.array_equal(be.to_numpy(hid[j]), be.to_numpy(s.hidden[j]))
+            same_l = np.array_equal(be.to_numpy(lgs[j]), be.to_numpy(s.logits[j]))
+            if not (same_h and same_l):
+                raise InvariantError(f"round {len(self.records)}: replayed row {j} differs from verify row {j} "
+                                     f"(hidden equal={same_h}, logits equal={same_l}): batch invariance broken")

@@ -1,0 +1,168 @@
+"""Unit costs: milliseconds per primitive call, measured on the model at hand (the cost model's inputs)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..engine import Engine
+from .errors import SpecArgumentError
+from .inputs import check_size
+
+K_VALUES = (1, 2, 3, 4)          # the k the cost views cover
+
+
+@dataclass
+class UnitCosts:
+    """Milliseconds per call. step_m / ckpt / mtp are dicts M -> ms."""
+    step: float                 # main model, M=1 step
+    step_m: dict                # main model, batch of M rows (verify, flex replay)
+    ckpt: dict                  # verify_checkpointed, M rows (+ per-row state slots)
+    draft: float                # one MTP step (M=1) + argmax of its logits (one draft token)
+    mtp: dict                   # one batched MTP call of M rows (prompt fill, trained-pairing rewrite)
+    mark: float                 # whole GDN state copy + cursors
+    rollback: float             # whole GDN state copy back + cursors
+    select: float = 0.0         # select_checkpoint (cursor/slot move)
+    truncate: float = 0.0       # mtp_truncate (cursor move)
+    argmax: float = 0.0         # argmax of one logits row + read to host (greedy per token)
+    bookkeeping: float = 0.0    # per-round bookkeeping (argmax of the verify rows, accept, emit)
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("step_m", "ckpt", "mtp"):
+            setattr(self, name, {int(m): float(v) for m, v in getattr(self, name).items()})
+
+    def get(self, table: str, m: int) -> float:
+        t = getattr(self, table)
+        if m not in t:
+            raise SpecArgumentError(f"unit costs have no {table}[M={m}] (measured M: {sorted(t)})")
+        return t[m]
+
+    @property
+    def greedy_ms_per_token(self) -> float:
+        """Greedy decoding: one M=1 step and one argmax per token."""
+        return self.step + self.argmax
+
+    def covered_ks(self, ks=K_VALUES) -> list:
+        """The k for which every table entry a round needs was measured."""
+        return [k for k in ks if k in self.ckpt and all(m in self.step_m for m in range(1, k + 1))
+                and all(m in self.mtp for m in range(1, max(k - 1, 1) + 1))]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "UnitCosts":
+        return cls(**d)
+
+
+def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None = None, mark: float | None = None,
+               rollback: float | None = None) -> UnitCosts:
+    """A copy of UnitCosts with some costs changed. step scales the batch tables too (step_m and
+    verify_checkpointed, keeping their shape in M), draft scales the batched MTP table; mark and
+    rollback (the whole-state copies) are set as given."""
+    d = u.to_dict()
+    if step is not None and u.step > 0:
+        f = step / u.step
+        d["step"] = step
+        d["step_m"] = {m: v * f for m, v in u.step_m.items()}
+        d["ckpt"] = {m: v * f for m, v in u.ckpt.items()}
+    if draft is not None and u.draft > 0:
+        f = draft / u.draft
+        d["draft"] = draft
+        d["mtp"] = {m: v * f for m, v in u.mtp.items()}
+    if mark is not None:
+        d["mark"] = mark
+    if rollback is not None:
+        d["rollback"] = rollback
+    d["meta"] = dict(u.meta, edited=True)
+    return UnitCosts.from_dict(d)
+
+
+def _median_ms(be, fn, reps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        a = be.now()
+        fn()
+        b = be.now()
+        ts.append(be.elapsed_ms(a, b))
+    return float(np.median(ts))
+
+
+def check_measurement(model, k_max, ctx, reps, warmup) -> int:
+    """SpecArgumentError unless measure_unit_costs can run with these; -> the positions it uses."""
+    if not model.has_mtp:
+        raise SpecArgumentError("measure_unit_costs: the model has no MTP head")
+    k_max, ctx, reps = check_size(k_max, "k_max"), check_size(ctx, "ctx"), check_size(reps, "reps")
+    warmup = check_size(warmup, "warmup", lo=0)
+    if ctx < k_max:
+        raise SpecArgumentError(f"ctx={ctx} < k_max={k_max}: the batch of M rows is cut from the context")
+    n_calls = (reps + warmup) * (2 + 2 * k_max + 2)
+    need = ctx + n_calls * k_max + 8                # every timed step moves the cursor on
+    limit = model.cfg.max_position_embeddings
+    if need > limit:
+        raise SpecArgumentError(f"measuring ctx={ctx}, k_max={k_max}, reps={reps}, warmup={warmup} needs {need} "
+                                f"positions; the model has max_position_embeddings={limit}")
+    return need
+
+
+def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warmup: int = 1,
+                       seed: int = 0) -> UnitCosts:
+    """Time each primitive the rounds use, on a sequence `ctx` tokens long (medians of reps,
+    with the backend's clock: CUDA events on GPU)."""
+    need = check_measurement(model, k_max, ctx, reps, warmup)
+    be, cfg = model.be, model.cfg
+    rng = np.random.default_rng(seed)
+    toks = [int(t) for t in rng.integers(0, cfg.vocab_size, ctx)]
+    eng = Engine(model, max_seq=need, mmax=k_max, batch="flex")
+    s = eng.prefill(toks)
+    H = s.hidden
+    eng.mtp_step(0, toks, H)                    # MTP rows 0..ctx-1
+    h1 = H[ctx - 1]
+    t1 = toks[-1]
+    u = {}
+    u["step"] = _median_ms(be, lambda: eng.step(eng.cursor, t1), reps, warmup)
+    u["step_m"] = {m: _median_ms(be, lambda m=m: eng.step_m(eng.cursor, toks[:m]), reps, warmup)
+                   for m in range(1, k_max + 1)}
+
+    def ckpt(m):
+        eng.verify_checkpointed(eng.cursor, toks[:m])
+        eng.select_checkpoint(0)
+    u["ckpt"] = {m: _median_ms(be, lambda m=m: ckpt(m), reps, warmup) for m in range(1, k_max + 1)}
+
+    def sel():
+        eng.verify_checkpointed(eng.cursor, toks[:1])
+        a = be.now()
+        eng.select_checkpoint(0)
+        return a, be.now()
+    u["select"] = float(np.median([be.elapsed_ms(*sel()) for _ in range(reps)]))
+    u["mark"] = _median_ms(be, eng.mark, reps, warmup)
+
+    def rb():
+        eng.mark()
+        a = be.now()
+        eng.rollback()
+        return a, be.now()
+    u["rollback"] = float(np.median([be.elapsed_ms(*rb()) for _ in range(reps)]))
+    base = eng.mtp_cursor
+
+    def draft():
+        st = eng.mtp_step(eng.mtp_cursor, t1, h1)
+        int(be.argmax(st.logits))
+    u["draft"] = _median_ms(be, draft, reps, warmup)
+    eng.mtp_truncate(base)
+
+    def mtp(m):
+        eng.mtp_step(base, toks[:m], H[:m])
+        eng.mtp_truncate(base)
+    u["mtp"] = {m: _median_ms(be, lambda m=m: mtp(m), reps, warmup) for m in range(1, k_max + 1)}
+    u["truncate"] = _median_ms(be, lambda: eng.mtp_truncate(eng.mtp_cursor), reps, warmup)
+    lg1 = s.logits[ctx - 1]
+    lgk = s.logits[:k_max]
+    u["argmax"] = _median_ms(be, lambda: int(be.argmax(lg1)), reps, warmup)
+    u["bookkeeping"] = _median_ms(be, lambda: (be.to_numpy(be.argmax(lgk)), int(be.argmax(lg1))), reps, warmup)
+    meta = {"model": cfg.name, "device": getattr(be, "device_name", be.name), "ctx": ctx, "reps": reps,
+            "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes}
+    return UnitCosts(meta=meta, **u)

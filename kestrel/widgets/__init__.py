@@ -1,0 +1,55 @@
+"""kestrel.widgets: live views over kestrel.spec (ipywidgets + plotly) and the plain figures under them.
+
+Everything a widget shows is also a plain function returning a plotly figure, so the static
+book shows the same views without a kernel (display them with ``kestrel.plots.show``; the two
+figures with frames, ``replay_frames_figure`` and ``cost_explorer_static``, with
+``kestrel.plots.show_animated``)::
+
+    from kestrel import widgets
+    w = widgets.spec_replay()                 # live: choose shape, k, T, start, drafter, policy; Run
+    w.app.run()                               # the same, from code (w.app.result: the SpecResult)
+    c = widgets.cost_explorer(u)              # live: alpha_1..4, k, unit costs, policy -> predicted speedup
+
+    widgets.hist_figure([r1, r2])             # n_ok histograms (SpecResults, RunSummaries, dicts, strings)
+    widgets.phase_figure([r1, r2, r3])        # stacked ms/token per phase, greedy (same run) as reference
+    widgets.speedup_figure(runs, predicted=u) # measured speedup, predicted beside it
+    widgets.round_figure(r)                   # ms per phase, round by round, vs greedy for the same tokens
+    widgets.cost_surface_figure(u, "replay", "article", measured=runs)   # predicted speedup over (k, alpha)
+    widgets.replay_frames_figure(r)           # static twin of spec_replay: slider/play over the rounds
+    widgets.cost_explorer_static(u)           # static twin of cost_explorer: slider over alpha
+
+A run is a spec.SpecResult, a spec.RunSummary (a results row is read through
+RunSummary.from_dict) or a spec.Prediction (see runs.py).
+
+  runs.py           inputs: runs and histograms as typed objects, unit costs, profiles
+  figures.py        histogram, phase, speedup and round figures
+  cost_figures.py   the cost model's surface and per-policy views
+  frames.py         figures with frames (a recorded run replayed round by round)
+  cache.py          models and engines kept between widget runs
+  view.py           a live figure (FigureWidget or Output) and HTML helpers
+  spec_replay.py, cost_explorer.py   the two widgets
+
+Nothing here imports ipywidgets or plotly at import time (``import kestrel`` never does either):
+the figure functions import plotly, the two widgets ipywidgets, when called. The widgets use a
+plotly ``FigureWidget`` when it can be built (plotly >= 6 needs ``anywidget``); otherwise each
+figure is redrawn into an ``ipywidgets.Output`` through ``kestrel.plots.show``.
+"""
+from __future__ import annotations
+
+from .cache import clear_cache, get_model, model_choices
+from .cost_explorer import cost_explorer
+from .cost_figures import cost_explorer_static, cost_surface_figure
+from .figures import PHASE_COLORS, POLICY_COLORS, hist_figure, phase_figure, round_figure, speedup_figure
+from .frames import replay_frames_figure
+from .spec_replay import spec_replay
+
+__all__ = [
+    # plain figures (static book and widgets)
+    "hist_figure", "phase_figure", "speedup_figure", "round_figure", "cost_surface_figure",
+    "replay_frames_figure", "cost_explorer_static",
+    # widgets
+    "spec_replay", "cost_explorer",
+    # models
+    "get_model", "model_choices", "clear_cache",
+    "PHASE_COLORS", "POLICY_COLORS",
+]
