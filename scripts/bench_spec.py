@@ -98,7 +98,7 @@ def bench_tiny(args):
                                      greedy_engine=g_eng)
                        for i, (_, toks) in enumerate(starts)]
                 s = summary_of(res, units, "E16 profile, trained pairing" if dname == "replay" else None)
-                rows.append(row_of(dataclasses.replace(s, drafter=dname)))
+                rows.append(row_of(s, drafter=dname))      # the row names the drafter; its log, the schedule too
                 log(f"  {policy.name:11s} {dname:11s} k={k}: {s.ms_per_token:.3f} ms/token "
                     f"(greedy {s.greedy_ms_per_token:.3f}) speedup {s.speedup:.3f}x, "
                     f"predicted {s.predicted_speedup:.3f}x; advance/round {s.advance_per_round:.3f}; "

@@ -38,62 +38,62 @@ def assert_usage_error(argv, capsys, *needles):
     return err[0]
 
 
-SPEC = ["spec", "--model", "tiny", "--device", "cpu", "--starts", "0"]
+TINY_RUN = ["spec", "--model", "tiny", "--device", "cpu", "--starts", "0"]
 
 
 # ---- one regression test per bad argument ---------------------------------------------------------
 def test_k_zero(capsys):
-    assert_usage_error(SPEC + ["--k", "0"], capsys, "--k", ">= 1")
+    assert_usage_error(TINY_RUN + ["--k", "0"], capsys, "--k", ">= 1")
 
 
 def test_T_zero(capsys):
-    assert_usage_error(SPEC + ["--T", "0"], capsys, "--T", ">= 1")
+    assert_usage_error(TINY_RUN + ["--T", "0"], capsys, "--T", ">= 1")
 
 
 def test_T_beyond_the_model(capsys):
-    assert_usage_error(SPEC + ["--T", "100000"], capsys, "max_position_embeddings")
+    assert_usage_error(TINY_RUN + ["--T", "100000"], capsys, "max_position_embeddings")
 
 
 def test_hist_not_a_histogram(capsys):
-    assert_usage_error(SPEC + ["--drafter", "replay", "--hist", "a:b"], capsys, "--hist", "'a:b'")
+    assert_usage_error(TINY_RUN + ["--drafter", "replay", "--hist", "a:b"], capsys, "--hist", "'a:b'")
 
 
 def test_hist_beyond_k(capsys):
-    assert_usage_error(SPEC + ["--drafter", "replay", "--hist", "5:10", "--k", "3"], capsys, "n_ok=5 > k=3")
+    assert_usage_error(TINY_RUN + ["--drafter", "replay", "--hist", "5:10", "--k", "3"], capsys, "n_ok=5 > k=3")
 
 
 def test_hist_without_the_replay_drafter(capsys):
-    assert_usage_error(SPEC + ["--hist", "0:3"], capsys, "--drafter replay")
+    assert_usage_error(TINY_RUN + ["--hist", "0:3"], capsys, "--drafter replay")
 
 
 def test_profile_not_numbers(capsys):
-    assert_usage_error(SPEC + ["--drafter", "replay", "--profile", "abc"], capsys, "--profile", "'abc'")
+    assert_usage_error(TINY_RUN + ["--drafter", "replay", "--profile", "abc"], capsys, "--profile", "'abc'")
 
 
 def test_model_missing(capsys, tmp_path):
-    assert_usage_error(SPEC + ["--model", str(tmp_path / "nowhere")], capsys, "--model", "nowhere")
+    assert_usage_error(TINY_RUN + ["--model", str(tmp_path / "nowhere")], capsys, "--model", "nowhere")
 
 
 def test_model_corrupt_config(capsys, tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3_next", ')
-    assert_usage_error(SPEC + ["--model", str(tmp_path)], capsys, "--model", "config.json")
+    assert_usage_error(TINY_RUN + ["--model", str(tmp_path)], capsys, "--model", "config.json")
 
 
 def test_model_corrupt_weights(capsys, tmp_path):
     (tmp_path / "config.json").write_text(open(os.path.join(TINY, "config.json")).read())
     (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{not json")
-    assert_usage_error(SPEC + ["--model", str(tmp_path)], capsys, "--model", "model.safetensors")
+    assert_usage_error(TINY_RUN + ["--model", str(tmp_path)], capsys, "--model", "model.safetensors")
 
 
 def test_model_directory_without_files(capsys, tmp_path):
-    assert_usage_error(SPEC + ["--model", str(tmp_path)], capsys, "--model")
+    assert_usage_error(TINY_RUN + ["--model", str(tmp_path)], capsys, "--model")
 
 
 def test_device_cuda_without_a_gpu(capsys):
     from kestrel.backend import cuda_available
     if cuda_available():
         pytest.skip("a GPU is present")
-    assert_usage_error(SPEC + ["--device", "cuda"], capsys, "--device cuda")
+    assert_usage_error(TINY_RUN + ["--device", "cuda"], capsys, "--device cuda")
 
 
 def test_accept_depth_zero(capsys):
@@ -117,38 +117,38 @@ def test_costs_profile_too_short(capsys):
 
 
 def test_starts_out_of_range(capsys):
-    assert_usage_error(SPEC[:-1] + ["--starts", "9"], capsys, "--starts")
+    assert_usage_error(TINY_RUN[:-1] + ["--starts", "9"], capsys, "--starts")
 
 
 def test_unknown_names(capsys):
-    assert_usage_error(SPEC + ["--policy", "fast"], capsys, "--policy", "checkpoint")
-    assert_usage_error(SPEC + ["--drafter", "mtp-seed"], capsys, "--drafter", "mtp-article")
+    assert_usage_error(TINY_RUN + ["--policy", "fast"], capsys, "--policy", "checkpoint")
+    assert_usage_error(TINY_RUN + ["--drafter", "mtp-seed"], capsys, "--drafter", "mtp-article")
     assert_usage_error([], capsys, "required")
     assert_usage_error(["spec", "--bogus"], capsys, "--bogus")
 
 
 def test_json_in_a_missing_directory_fails_at_once(capsys, tmp_path):
     # the whole run would take long: the output path is checked before it starts (stdout stays empty)
-    assert_usage_error(SPEC + ["--json", str(tmp_path / "no" / "out.json")], capsys, "--json", "does not exist")
+    assert_usage_error(TINY_RUN + ["--json", str(tmp_path / "no" / "out.json")], capsys, "--json", "does not exist")
     assert_usage_error(["accept", "--device", "cpu", "--json", str(tmp_path / "no" / "a.json")], capsys, "--json")
     assert_usage_error(["costs", "--device", "cpu", "--json", str(tmp_path / "no" / "c.json")], capsys, "--json")
 
 
 def test_json_not_writable_fails_at_once(capsys, tmp_path):
-    assert_usage_error(SPEC + ["--json", str(tmp_path)], capsys, "is a directory")
+    assert_usage_error(TINY_RUN + ["--json", str(tmp_path)], capsys, "is a directory")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert_usage_error(SPEC + ["--json", str(blocker / "out.json")], capsys, "--json")
+    assert_usage_error(TINY_RUN + ["--json", str(blocker / "out.json")], capsys, "--json")
     if os.geteuid() != 0:                       # root writes anywhere
         ro = tmp_path / "ro"
         ro.mkdir()
         ro.chmod(0o500)
-        assert_usage_error(SPEC + ["--json", str(ro / "out.json")], capsys, "not writable")
+        assert_usage_error(TINY_RUN + ["--json", str(ro / "out.json")], capsys, "not writable")
 
 
 def test_a_good_run_still_runs(capsys, tmp_path):
     out = tmp_path / "out.json"
-    rc, text, err = run(SPEC + ["--k", "3", "--T", "12", "--drafter", "mtp", "--policy", "checkpoint",
+    rc, text, err = run(TINY_RUN + ["--k", "3", "--T", "12", "--drafter", "mtp", "--policy", "checkpoint",
                                 "--json", str(out)], capsys)
     assert rc == 0 and err == [] and "memcmp=0 => PASS" in text
     d = json.loads(out.read_text())
@@ -161,7 +161,7 @@ def test_genuine_bugs_still_show_a_traceback(monkeypatch, capsys):
         raise ZeroDivisionError("a bug")
     monkeypatch.setattr(spec, "run_spec", broken)
     with pytest.raises(ZeroDivisionError):
-        main(SPEC + ["--T", "4"])
+        main(TINY_RUN + ["--T", "4"])
 
 
 # ---- any argument string ------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 The model: the embedded tiny model when kestrel/assets/tiny/model.safetensors exists (its six
 starts.json prompts), else the random preset 'test-b' with six seeded random prompts (MTP
 acceptance near zero, but every bit-exactness claim must hold all the same).
-KESTREL_SPEC_TEST_MODEL=<preset|dir> overrides the choice.
+KESTREL_DRIVER_TEST_MODEL=<preset|dir> overrides the choice.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from kestrel.spec.cost import UnitCosts
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(kestrel.__file__).resolve().parent / "assets" / "tiny" / "model.safetensors"
-MODEL_NAME = os.environ.get("KESTREL_SPEC_TEST_MODEL") or ("tiny" if TINY.exists() else "test-b")
+MODEL_NAME = os.environ.get("KESTREL_DRIVER_TEST_MODEL") or ("tiny" if TINY.exists() else "test-b")
 TRAINED = MODEL_NAME not in kestrel.PRESETS
 T = 64
 POLICIES = ("replay", "flex-replay", "checkpoint")

@@ -62,8 +62,7 @@ class Drafter:
 
     def __init__(self):
         self.forced = None          # list of tokens replacing the MTP's argmax (replay oracle)
-        self.q0 = None
-        self.written = 0
+        self.q0 = None              # the MTP row the round's draft started at
 
     def describe(self) -> str:
         return self.name
@@ -111,7 +110,7 @@ class MTPArticleDrafter(Drafter):
             d = self._tok(j, int(be.argmax(s.logits)))
             drafts.append(d)
             x, h, q = d, s.hidden, q + 1
-        self.q0, self.written = q0, k
+        self.q0 = q0
         return drafts
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
@@ -154,7 +153,7 @@ class MTPDrafter(Drafter):
             d = self._tok(j, int(be.argmax(s.logits)))
             drafts.append(d)
             x, h, q = d, s.hidden, q + 1
-        self.q0, self.written = q0, k - 1
+        self.q0 = q0
         return drafts
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
@@ -213,7 +212,7 @@ class ReplayDrafter(Drafter):
                                     f"argmax(logits_p) {ctx.a_p} (n_ok={n} forced; d_1 is free and cannot miss)")
         self.base.forced = forced
         drafts = self.base.draft(eng, ctx, k, q0)
-        self.q0, self.written = self.base.q0, self.base.written
+        self.q0 = self.base.q0
         return drafts
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
