@@ -397,6 +397,37 @@ def test_policy_and_pairing_dispatch():
     assert spec.REPLAY.cost(UNITS, 3, 3) == {"mark": 2.0, "verify": 14.0}
 
 
+class SelectAndReplay(spec.Policy):
+    """A fourth policy, written here as a user would: the verify's slot 0 restores the state, then
+    the accepted rows are replayed in one batch. Nothing else in kestrel knows about it."""
+    name, batch, doc = "select-and-replay", "flex", "verify_checkpointed; select slot 0; one batched replay"
+
+    def verify(self, eng, pos, drafts):
+        return eng.verify_checkpointed(pos, drafts)
+
+    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+        eng.select_checkpoint(0)
+        lap("rollback")
+        s2 = eng.step_m(p + 1, consumed)
+        lap("replay")
+        return spec.Finalised(s2.hidden, s2.logits[len(consumed) - 1],
+                              replayed_logits=[s2.logits[j] for j in range(len(consumed))])
+
+    def cost(self, u, k, n):
+        return {"verify": u.get("ckpt", k), "rollback": u.select, "replay": u.get("step_m", max(n, 1))}
+
+
+def test_a_new_policy_is_one_object(model, starts, refs):
+    pol = SelectAndReplay()
+    for drafter in ("mtp-article", "mtp"):
+        r = spec.run_spec(model, starts[5], T, 3, pol, drafter, reference=refs[5], greedy=False, check_rows=True)
+        assert r.bit_exact and r.policy is pol and r.summary().phase_ms_per_token["mark"] == 0.0
+        ref = spec.run_spec(model, starts[5], T, 3, "checkpoint", drafter, reference=refs[5], greedy=False)
+        assert r.noks == ref.noks            # the same drafts and verdicts; only the undo differs
+    # n=2 of k=3, article pairing: 3 drafts + ckpt 15 + select 0.1 + step_m(2) 12 + sync 0 + bookkeeping 0.5
+    assert spec.predict(UNITS, pol, "article", 3, hist={2: 1}).round_ms == pytest.approx(30.6)
+
+
 def test_cost_model_prices_a_measured_run(model, starts, refs):
     r = spec.run_spec(model, starts[0], 32, 3, "replay", "replay", schedule=spec.Schedule(seq=[0, 2, 3, 1]),
                       reference=refs[0][:32], greedy=False)

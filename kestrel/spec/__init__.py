@@ -28,7 +28,7 @@ from .drafters import DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, R
 from .driver import RunArgs, default_starts, run_spec, validate_run
 from .errors import InvariantError, ScheduleError, SpecArgumentError
 from .pairing import PAIRING_DOC, PAIRINGS, Pairing
-from .policy import CHECKPOINT, FLEX_REPLAY, POLICIES, REPLAY, Policy
+from .policy import CHECKPOINT, FLEX_REPLAY, POLICIES, REPLAY, Finalised, Policy
 from .records import RoundRecord, RunSummary, SpecResult, aggregate, log_lines
 from .round import TAILS, Mistakes
 from .schedule import (ARTICLE_HIST, E16_PROFILE, Schedule, check_hist, check_profile, check_sequence, format_hist,
@@ -42,7 +42,7 @@ __all__ = [
     "run_spec", "validate_run", "RunArgs", "greedy_timed", "reference_stream", "default_starts", "Mistakes",
     "TAILS", "mtp_cursor_control",
     # types
-    "Policy", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "Pairing", "PAIRINGS", "PAIRING_DOC",
+    "Policy", "Finalised", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "Pairing", "PAIRINGS", "PAIRING_DOC",
     "RunSummary", "SpecResult", "RoundRecord", "aggregate", "log_lines",
     # errors
     "SpecArgumentError", "ScheduleError", "InvariantError",

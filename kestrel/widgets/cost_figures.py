@@ -141,7 +141,7 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
 
     def traces(i):
         return [dict(type="scatter", x=ks, y=curves[(pol, pr)][i], mode="lines+markers", name=f"{pol} · {pr}",
-                     line=dict(color=POLICY_COLORS[pol.name], dash=PAIRING_DASH[pr]),
+                     line=dict(color=POLICY_COLORS.get(pol.name, "#888"), dash=PAIRING_DASH[pr]),
                      hovertemplate=f"{pol}, pairing {pr}, k=%{{x}}: %{{y:.3f}}×<extra>α={alphas[i]:.2f}</extra>")
                 for pol in policies for pr in pairings]
     for t in traces(a0):
