@@ -177,7 +177,7 @@ def test_k_refused(model, engines, prompt, k):
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(policy="fast"), r"unknown policy 'fast'; known: \('replay', 'flex-replay', 'checkpoint'\)"),
+    (dict(policy="fast"), r"unknown policy 'fast'; known: \('replay', 'flex-replay', 'checkpoint'"),
     (dict(drafter="mtp-seed"), r"unknown drafter 'mtp-seed'; known: \('mtp-article', 'mtp', 'replay'\)"),
     (dict(drafter="replay"), "needs schedule="),
     (dict(drafter="mtp", schedule=spec.Schedule(seq=[1])), "belongs to the replay drafter"),
