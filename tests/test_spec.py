@@ -26,7 +26,7 @@ TINY = Path(kestrel.__file__).resolve().parent / "assets" / "tiny" / "model.safe
 MODEL_NAME = os.environ.get("KESTREL_DRIVER_TEST_MODEL") or ("tiny" if TINY.exists() else "test-b")
 TRAINED = MODEL_NAME not in kestrel.PRESETS
 T = 64
-POLICIES = ("replay", "flex-replay", "checkpoint")
+POLICIES = ("replay", "flex-replay", "checkpoint", "input-cache")
 DRAFTERS = ("mtp-article", "mtp", "replay")
 
 

@@ -8,7 +8,8 @@
 
   policies   spec.POLICIES: 'replay' (the article's wall: strict batch, rollback + M=1 replay),
              'flex-replay' (rollback + one batched replay), 'checkpoint' (per-row GDN slots,
-             select, no copy); each a Policy carrying its finalise step and its cost formula
+             select, no copy), 'input-cache' (keep the rows' GDN inputs, fold the accepted ones
+             in); each a Policy carrying its finalise step, its cost formula and its byte account
   pairings   spec.Pairing.ARTICLE ('article': rows (t_i, h_i)), Pairing.TRAINED ('trained':
              rows (t_{i+1}, h_i), d_1 free)
   drafters   'mtp-article' (the article's pairing), 'mtp' (trained pairing, free d_1),
@@ -28,7 +29,8 @@ from .drafters import DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, R
 from .driver import RunArgs, default_starts, run_spec, validate_run
 from .errors import InvariantError, ScheduleError, SpecArgumentError
 from .pairing import PAIRING_DOC, PAIRINGS, Pairing
-from .policy import CHECKPOINT, FLEX_REPLAY, POLICIES, REPLAY, Finalised, Policy
+from .policy import (CHECKPOINT, FLEX_REPLAY, INPUT_CACHE, POLICIES, REPLAY, Finalised, Policy, cached_row_bytes,
+                     recurrent_bytes)
 from .records import RoundRecord, RunSummary, SpecResult, aggregate, log_lines
 from .round import TAILS, Mistakes
 from .schedule import (ARTICLE_HIST, E16_PROFILE, Schedule, check_hist, check_profile, check_sequence, format_hist,
@@ -42,7 +44,8 @@ __all__ = [
     "run_spec", "validate_run", "RunArgs", "greedy_timed", "reference_stream", "default_starts", "Mistakes",
     "TAILS", "mtp_cursor_control",
     # types
-    "Policy", "Finalised", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "Pairing", "PAIRINGS", "PAIRING_DOC",
+    "Policy", "Finalised", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "INPUT_CACHE", "recurrent_bytes",
+    "cached_row_bytes", "Pairing", "PAIRINGS", "PAIRING_DOC",
     "RunSummary", "SpecResult", "RoundRecord", "aggregate", "log_lines",
     # errors
     "SpecArgumentError", "ScheduleError", "InvariantError",

@@ -7,7 +7,15 @@ model both dispatch through it, so a new policy is one new class here (plus its 
   flex-replay  as replay, but the accepted rows are replayed in one step_m (flex batch).
   checkpoint   verify_checkpointed(p+1, drafts) writes a GDN state slot per row; finalise is
                select_checkpoint(n_ok): no copy, no replay.
+  input-cache  verify_cached(p+1, drafts) only reads the GDN state and keeps each row's GDN
+               inputs (kilobytes a row); finalise is fold_cached(n_ok), which runs the accepted
+               rows' inputs into the live state in place: no copy of the state, no model replay.
 n_ok == 0 emits a_p = argmax(logits_p): every policy then consumes it with one M=1 step.
+The undo step (rollback, select_checkpoint or the fold) is timed as the phase "rollback".
+
+Each policy also accounts for the recurrent-state bytes it moves (state_traffic): from the
+config alone, what a round of k drafts accepting n reads and writes of the GDN state S, the conv
+window and the cached inputs, and the memory it holds beside the live state.
 """
 from __future__ import annotations
 
@@ -51,6 +59,15 @@ class Policy:
     def cost(self, u, k: int, n: int) -> dict:
         """Predicted ms of the phases this policy owns (mark, verify, rollback, replay) for one
         round of k drafts that accepts n, from UnitCosts u."""
+        raise NotImplementedError
+
+    def priced_by(self, u) -> bool:
+        """Whether UnitCosts u measured every call this policy's cost formula uses."""
+        return True
+
+    def state_traffic(self, cfg, k: int, n: int) -> dict:
+        """Bytes of recurrent state one round reads and writes (GDN S + conv window, and cached
+        inputs), and the bytes it keeps beside the live state, for k drafts accepting n."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -107,6 +124,18 @@ class _MarkRollback(Policy):
     def replay_cost(self, u, n):
         return advance(n) * u.step
 
+    def state_traffic(self, cfg, k, n):
+        s = recurrent_bytes(cfg)
+        t = _rw(s, s)                                   # the verify updates the live state in place
+        t = _add(t, _rw(s, s))                          # mark: copy it
+        if n < k:
+            t = _add(t, _rw(s, s))                      # rollback: copy it back
+            t = _add(t, self.replay_traffic(s, n))
+        return dict(t, kept=s)
+
+    def replay_traffic(self, s, n):
+        return _rw(advance(n) * s, advance(n) * s)      # each M=1 step reads and writes the state
+
 
 class ReplayPolicy(_MarkRollback):
     name, batch = "replay", "strict"
@@ -125,6 +154,9 @@ class FlexReplayPolicy(_MarkRollback):
 
     def replay_cost(self, u, n):
         return u.step if n == 0 else u.get("step_m", n)
+
+    def replay_traffic(self, s, n):
+        return _rw(s, s)                                # one call, whatever n
 
 
 class CheckpointPolicy(Policy):
@@ -149,6 +181,66 @@ class CheckpointPolicy(Policy):
             c["replay"] = u.step
         return c
 
+    def state_traffic(self, cfg, k, n):
+        s = recurrent_bytes(cfg)
+        t = _rw(s, k * s)                               # read the live slot, write one slot per row
+        if n == 0:
+            t = _add(t, _rw(s, s))
+        return dict(t, kept=k * s)
 
-REPLAY, FLEX_REPLAY, CHECKPOINT = ReplayPolicy(), FlexReplayPolicy(), CheckpointPolicy()
-POLICIES = {p.name: p for p in (REPLAY, FLEX_REPLAY, CHECKPOINT)}
+
+class InputCachePolicy(Policy):
+    name, batch = "input-cache", "flex"
+    doc = ("the verify keeps each row's GDN inputs and only reads the state; accepting n_ok folds "
+           "those rows into the live state in place: no state copy, no model replay")
+
+    def verify(self, eng, pos, drafts):
+        return eng.verify_cached(pos, drafts)
+
+    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+        eng.fold_cached(n_ok)                       # n_ok == 0: nothing to fold
+        lap("rollback")
+        if n_ok >= 1:
+            return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
+        s1 = eng.step(p + 1, consumed[0])
+        lap("replay")
+        return Finalised(s1.hidden.reshape(1, -1), s1.logits)
+
+    def priced_by(self, u):
+        return bool(u.cached) and bool(u.fold)
+
+    def cost(self, u, k, n):
+        c = {"verify": u.get("cached", k), "rollback": u.get("fold", n)}
+        if n == 0:
+            c["replay"] = u.step
+        return c
+
+    def state_traffic(self, cfg, k, n):
+        s, x = recurrent_bytes(cfg), cached_row_bytes(cfg)
+        t = _rw(s, k * x)                               # read the live state, keep k rows of inputs
+        t = _add(t, _rw(s + n * x, s) if n else _rw(s, s))   # the fold, or the n_ok == 0 step
+        return dict(t, kept=k * x)
+
+
+def recurrent_bytes(cfg) -> int:
+    """fp32 GDN state S and conv window of every GDN layer: what one plain step reads and writes."""
+    return cfg.gdn_state_bytes + cfg.conv_state_bytes
+
+
+def cached_row_bytes(cfg) -> int:
+    """One row of cached GDN inputs across all GDN layers: the in-projection's output
+    [qkv | z | b | a] in fp32 (kestrel.state.DeviceState.gdn_in)."""
+    nv, dv = cfg.lin_num_value_heads, cfg.lin_value_head_dim
+    return len(cfg.gdn_layers) * (cfg.conv_dim + nv * dv + 2 * nv) * 4
+
+
+def _rw(read: int, written: int) -> dict:
+    return {"read": int(read), "written": int(written)}
+
+
+def _add(a: dict, b: dict) -> dict:
+    return {"read": a["read"] + b["read"], "written": a["written"] + b["written"]}
+
+
+REPLAY, FLEX_REPLAY, CHECKPOINT, INPUT_CACHE = ReplayPolicy(), FlexReplayPolicy(), CheckpointPolicy(), InputCachePolicy()
+POLICIES = {p.name: p for p in (REPLAY, FLEX_REPLAY, CHECKPOINT, INPUT_CACHE)}

@@ -23,13 +23,15 @@ class UnitCosts:
     mark: float                 # whole GDN state copy + cursors
     rollback: float             # whole GDN state copy back + cursors
     select: float = 0.0         # select_checkpoint (cursor/slot move)
+    cached: dict = field(default_factory=dict)   # verify_cached, M rows (inputs kept, state only read)
+    fold: dict = field(default_factory=dict)     # fold_cached(n) of a pending cached verify, n = 0..k_max
     truncate: float = 0.0       # mtp_truncate (cursor move)
     argmax: float = 0.0         # argmax of one logits row + read to host (greedy per token)
     bookkeeping: float = 0.0    # per-round bookkeeping (argmax of the verify rows, accept, emit)
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("step_m", "ckpt", "mtp"):
+        for name in ("step_m", "ckpt", "mtp", "cached", "fold"):
             setattr(self, name, {int(m): float(v) for m, v in getattr(self, name).items()})
 
     def get(self, table: str, m: int) -> float:
@@ -67,6 +69,8 @@ def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None =
         d["step"] = step
         d["step_m"] = {m: v * f for m, v in u.step_m.items()}
         d["ckpt"] = {m: v * f for m, v in u.ckpt.items()}
+        d["cached"] = {m: v * f for m, v in u.cached.items()}
+        d["fold"] = {m: v * f for m, v in u.fold.items()}
     if draft is not None and u.draft > 0:
         f = draft / u.draft
         d["draft"] = draft
@@ -131,6 +135,21 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
         eng.verify_checkpointed(eng.cursor, toks[:m])
         eng.select_checkpoint(0)
     u["ckpt"] = {m: _median_ms(be, lambda m=m: ckpt(m), reps, warmup) for m in range(1, k_max + 1)}
+
+    def cached(m):
+        eng.verify_cached(eng.cursor, toks[:m])
+        eng.fold_cached(0)
+    u["cached"] = {m: _median_ms(be, lambda m=m: cached(m), reps, warmup) for m in range(1, k_max + 1)}
+
+    def fold(n):
+        eng.mark()
+        eng.verify_cached(eng.cursor, toks[:k_max])
+        a = be.now()
+        eng.fold_cached(n)
+        b = be.now()
+        eng.rollback()
+        return a, b
+    u["fold"] = {n: float(np.median([be.elapsed_ms(*fold(n)) for _ in range(reps)])) for n in range(0, k_max + 1)}
 
     def sel():
         eng.verify_checkpointed(eng.cursor, toks[:1])

@@ -64,8 +64,9 @@ class CostExplorer:
                              description="k", style=st, continuous_update=False)
         c["pairing"] = W.ToggleButtons(options=list(spec.PAIRINGS), value=pairing.value, description="pairing",
                                        style=st, tooltips=[spec.PAIRING_DOC[p] for p in spec.Pairing])
-        c["policy"] = W.ToggleButtons(options=list(spec.POLICIES), value=spec.Policy.parse(policy).name,
-                                      description="policy", style=st, tooltips=[p.doc for p in spec.POLICIES.values()])
+        priced = [p for p in spec.POLICIES.values() if p.priced_by(self.base)]
+        c["policy"] = W.ToggleButtons(options=[p.name for p in priced], value=spec.Policy.parse(policy).name,
+                                      description="policy", style=st, tooltips=[p.doc for p in priced])
         ft = dict(style=st, layout=W.Layout(width="210px"))
         b = self.base
         c["step"] = W.BoundedFloatText(value=round(b.step, 6), min=1e-6, max=1e6, description="step ms", **ft)
@@ -115,11 +116,16 @@ class CostExplorer:
     def _predictions(self):
         c = self.controls
         u, k, pr = self.units(), c["k"].value, c["pairing"].value
-        return [spec.predict(u, pol, pr, k, profile=self.profile()) for pol in spec.POLICIES]
+        return [spec.predict(u, pol, pr, k, profile=self.profile()) for pol in self._priced()]
+
+    def _priced(self):
+        """The policies whose every cost these unit costs measured (older results lack some)."""
+        u = self.units()
+        return [p for p in spec.POLICIES.values() if p.priced_by(u)]
 
     def _phases(self):
         c = self.controls
-        return phase_figure(self._predictions(), names=list(spec.POLICIES), height=440,
+        return phase_figure(self._predictions(), names=[p.name for p in self._priced()], height=440,
                             title=f"Predicted ms/token by phase (k={c['k'].value}, pairing {c['pairing'].value})")
 
     def update(self):

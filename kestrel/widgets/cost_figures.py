@@ -121,7 +121,7 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
     import numpy as np
     u = as_units(unit_costs)
     ks = u.covered_ks(ks)
-    policies = [spec.Policy.parse(p) for p in (policies or spec.POLICIES)]
+    policies = [p for p in (spec.Policy.parse(p) for p in (policies or spec.POLICIES)) if p.priced_by(u)]
     pairings = [spec.Pairing.parse(pairings)] if isinstance(pairings, (str, spec.Pairing)) else \
         [spec.Pairing.parse(p) for p in pairings]
     alphas = [round(float(a), 3) for a in (np.linspace(0.0, 1.0, 21) if alphas is None else alphas)]
