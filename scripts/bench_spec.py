@@ -6,8 +6,11 @@
       times greedy decoding of the same start right before it); teacher-forced acceptance (E16)
       of the tiny MTP, both pairings.
   (b) Qwen3.5-27B shape with random bf16 weights on the GPU: the replay drafter driven by the
-      article's histogram (0:24 1:6 2:11 3:4, article pairing, k=3) and by the E16 profile (both
-      pairings, k=3), under replay, flex-replay and checkpoint, with each phase's cost.
+      article's histogram (0:24 1:6 2:11 3:4, article pairing, k=3, 4), by the E16 profile (both
+      pairings, k=2..4) and by a flat profile whose mean advance is 2.8 tokens per round (trained
+      pairing, k=4: the mean acceptance length reported for Qwen3.6-27B's MTP head with three
+      draft tokens), under every policy, with each phase's cost and the recurrent-state bytes
+      each round moved (from the config: Policy.state_traffic).
   (c) the cost model: unit costs measured on each model; the prediction for each run's own
       rounds beside its measurement, and the pure prediction from the histogram/profile.
 
@@ -36,6 +39,7 @@ import kestrel  # noqa: E402
 from kestrel import spec  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
+ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8 (trained pairing, k = 4)
 
 
 def git_commit():
@@ -137,23 +141,27 @@ def bench_large(args):
     log(f"  units (ms): step {units.step:.3f}, step_m {_fmt(units.step_m)}, ckpt {_fmt(units.ckpt)}, "
         f"draft {units.draft:.3f}, mark {units.mark:.3f}, rollback {units.rollback:.3f}")
     schedules = [             # (name, k, what the schedule replays, pairing)
-        ("article histogram", 3, dict(hist=spec.ARTICLE_HIST), spec.Pairing.ARTICLE),
-        ("E16 profile", 3, dict(profile=spec.E16_PROFILE), spec.Pairing.ARTICLE),
-        ("E16 profile", 3, dict(profile=spec.E16_PROFILE), spec.Pairing.TRAINED),
+        *[("article histogram", k, dict(hist=spec.ARTICLE_HIST), spec.Pairing.ARTICLE) for k in (3, 4)],
+        *[("E16 profile", k, dict(profile=spec.E16_PROFILE), pr) for pr in spec.Pairing for k in (2, 3, 4)],
+        ("2.8 tokens/round", 4, dict(profile=(ALPHA_2P8,) * 4), spec.Pairing.TRAINED),
     ]
-    engines = {b: kestrel.Engine(model, max_seq=P + T + 8, mmax=3, batch=b) for b in ("strict", "flex")}
+    if args.quick:
+        schedules = schedules[:1] + schedules[3:4]
+    engines = {(b, k): kestrel.Engine(model, max_seq=P + T + 8, mmax=k, batch=b)
+               for b in ("strict", "flex") for k in sorted({s[1] for s in schedules})}
     for policy in spec.POLICIES.values():                                             # warm-up: capture plans
         for _, k, src, pairing in schedules:
             spec.run_spec(model, prompt, min(T, 16), k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
-                          reference=ref[:min(T, 16)], greedy=False, engine=engines[policy.batch])
+                          reference=ref[:min(T, 16)], greedy=False, engine=engines[policy.batch, k])
     rows = []
     for sname, k, src, pairing in schedules:
         for policy in spec.POLICIES.values():
             r = spec.run_spec(model, prompt, T, k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
-                              reference=ref, greedy=True, engine=engines[policy.batch], greedy_engine=g_eng)
+                              reference=ref, greedy=True, engine=engines[policy.batch, k], greedy_engine=g_eng)
             s = summary_of([r], units, sname)
             pred = spec.predict(units, policy, pairing, k, **src)
-            rows.append(row_of(s, predicted_from_schedule=pred.to_dict()))
+            rows.append(row_of(s, predicted_from_schedule=pred.to_dict(),
+                               state_bytes_per_token=state_bytes_per_token(cfg, policy, r)))
             log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {s.ms_per_token:.3f} ms/token "
                 f"(greedy {s.greedy_ms_per_token:.3f}) speedup {s.speedup:.3f}x | predicted "
                 f"{s.predicted_ms_per_token:.3f} ms/token {s.predicted_speedup:.3f}x; "
@@ -166,6 +174,17 @@ def bench_large(args):
     del model
     gc.collect()
     return out
+
+
+def state_bytes_per_token(cfg, policy, result) -> dict:
+    """The recurrent-state bytes the run's own rounds moved, per emitted token (from the config:
+    Policy.state_traffic), and what the policy keeps beside the live state."""
+    read = written = kept = 0
+    for x in result.rounds:
+        t = policy.state_traffic(cfg, x.k, x.n_ok)
+        read, written, kept = read + t["read"], written + t["written"], max(kept, t["kept"])
+    tok = max(1, sum(len(x.emitted) for x in result.rounds))
+    return {"read": read / tok, "written": written / tok, "kept": kept}
 
 
 def _source(model) -> str:
@@ -227,7 +246,17 @@ def markdown(d) -> str:
                      f"{_x(ps['ms_per_token'])} ms, {_x(ps['speedup'])}x | "
                      + " | ".join(_x(ph[p]) for p in spec.PHASES)
                      + f" | {' '.join(f'{n}:{c}' for n, c in r['hist'].items())} | {r['bit_exact']} |")
-        L += ["", "Phase columns: ms per emitted token, measured.", "", f"Unit costs (ms): {_units(b['units'])}", ""]
+        L += ["", "Phase columns: ms per emitted token, measured.", "",
+              "Recurrent-state bytes per emitted token (GDN S + conv window + cached inputs, computed from the "
+              "config for the run's own rounds; greedy moves one read and one write of the state per token):", "",
+              "| schedule | pairing | policy | k | MB read / token | MB written / token | MB kept beside the live state |",
+              "|---|---|---|---|---|---|---|"]
+        for r in b["runs"]:
+            sb = r.get("state_bytes_per_token")
+            if sb:
+                L.append(f"| {r['schedule']} | {r['pairing']} | {r['policy']} | {r['k']} | {sb['read'] / 1e6:.1f} | "
+                         f"{sb['written'] / 1e6:.1f} | {sb['kept'] / 1e6:.1f} |")
+        L += ["", f"Unit costs (ms): {_units(b['units'])}", ""]
         for r in b["runs"]:
             L += [f"`{r['schedule']} / {r['pairing']} / {r['policy']}`:", "```"] + r["log"] + ["```"]
     return "\n".join(L) + "\n"
@@ -236,7 +265,8 @@ def markdown(d) -> str:
 def _units(u) -> str:
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
             f"draft {_x(u['draft'])}; mtp batch {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
-            f"select {_x(u['select'])}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
+            f"select {_x(u['select'])}; verify_cached {_fmt_str(u.get('cached', {}))}; "
+            f"fold {_fmt_str(u.get('fold', {}))}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 
 
 def _fmt_str(d):

@@ -184,3 +184,31 @@ def equivalent_alpha(mean: float | None, k: int, pairing=Pairing.ARTICLE) -> flo
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+def serving_projection(cfg, k: int, n: float, batches=(1, 4, 16, 64, 256), contexts=(4096, 32768, 131072),
+                       kv_dtype_bytes: int = 2, weight_bytes: int | None = None) -> list:
+    """A projection of the byte formulas (Policy.state_traffic), not a measurement: for B
+    sequences decoding together at context length L, the memory each policy holds and the bytes
+    one round moves, k drafts accepting n each (n may be a mean: the formula is linear in n
+    between integers, so it is interpolated).
+
+    memory = weights + B x (live recurrent state + what the policy keeps + KV cache of L tokens)
+    bytes  = weights once + B x (recurrent-state traffic of the round + KV cache read once per row)
+    """
+    from .policy import POLICIES, recurrent_bytes
+    w = weight_bytes if weight_bytes is not None else 2 * cfg.param_count(mtp=False)
+    lo, f = int(n), n - int(n)
+    rows = []
+    for pol in POLICIES.values():
+        a = pol.state_traffic(cfg, k, lo)
+        b = pol.state_traffic(cfg, k, min(lo + 1, k)) if f else a
+        t = {key: (1 - f) * a[key] + f * b[key] for key in ("read", "written", "kept")}
+        for L in contexts:
+            kv = L * cfg.kv_bytes_per_token(kv_dtype_bytes)
+            for B in batches:
+                rows.append({"policy": pol.name, "batch": B, "context": L,
+                             "memory_bytes": w + B * (recurrent_bytes(cfg) + t["kept"] + kv),
+                             "round_bytes": w + B * (t["read"] + t["written"] + k * kv),
+                             "state_bytes": B * (t["read"] + t["written"]), "kept_bytes": B * t["kept"]})
+    return rows
