@@ -3,7 +3,8 @@
 The model: the embedded tiny model when kestrel/assets/tiny/model.safetensors exists (its six
 starts.json prompts), else the random preset 'test-b' with six seeded random prompts (MTP
 acceptance near zero, but every bit-exactness claim must hold all the same).
-KESTREL_DRIVER_TEST_MODEL=<preset|dir> overrides the choice.
+KESTREL_DRIVER_TEST_MODEL=<preset|dir> overrides the choice; KESTREL_TEST_DEVICE=cuda runs the
+same checks on the GPU backend (the default is the CPU).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ DRAFTERS = ("mtp-article", "mtp", "replay")
 
 @pytest.fixture(scope="module")
 def model():
-    return kestrel.load(MODEL_NAME, device="cpu")
+    return kestrel.load(MODEL_NAME, device=os.environ.get("KESTREL_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="module")
