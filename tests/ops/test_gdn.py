@@ -69,7 +69,7 @@ def test_gdn_slots_equal_in_place(rng):
         assert np.array_equal(S, S_slots[j]) and np.array_equal(h, h_slots[j])
 
 
-def _kernel(be, sh, d, S_ring, h_ring, slot: int, checkpoint: bool, rows=slice(None)):
+def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None)):
     """gdn_conv + gdn_recur exactly as the lowered plan launches them: one stacked input row
     [qkv | z | b | a], the state in a ring of slots, the live slot from the ctrl block."""
     gin = np.concatenate([d["qkv"][rows], d["z"][rows], d["b"][rows], d["a"][rows]], axis=1)
@@ -78,21 +78,22 @@ def _kernel(be, sh, d, S_ring, h_ring, slot: int, checkpoint: bool, rows=slice(N
     xc, y = be.empty((m, C)), be.empty((m, nvdv))
     c = ctrl(0, slot)
     n = S_ring.shape[0]
-    go(be, gdn.gdn_conv_launch(G, width, dev(d["cw"]), xc, C, h_ring, h_ring[0].size, n, int(checkpoint), c, m, C, K))
+    go(be, gdn.gdn_conv_launch(G, width, dev(d["cw"]), xc, C, h_ring, h_ring[0].size, n, mode, c, m, C, K))
     go(be, gdn.gdn_recur_launch(xc, C, G[:, C:], width, G[:, C + nvdv:], width, G[:, C + nvdv + nv:], width,
                                 dev(d["A_log"]), dev(d["dt"]), dev(d["nw"]), y, nvdv, S_ring, S_ring[0].size, n,
-                                int(checkpoint), c, m, sh))
+                                mode, c, m, sh))
     return host(y)
 
 
 @pytest.mark.parametrize("shape", [(2, 4, 16, 16, 4), (2, 2, 8, 12, 3), (2, 4, 128, 128, 4), (1, 3, 64, 32, 2)])
 @pytest.mark.parametrize("m", [1, 3, 4])
-@pytest.mark.parametrize("checkpoint", [False, True])
+@pytest.mark.parametrize("mode", ["in_place", "checkpoint", "cache"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
-def test_gdn_kernel(be, rng, shape, m, checkpoint):
+def test_gdn_kernel(be, rng, shape, m, mode):
     """conv + gates + l2norm + delta rule + gated norm for M rows on a ring of m+1 slots whose
-    live slot is drawn at random: in place, or row j's state into slot live+1+j."""
+    live slot is drawn at random: in place, row j's state into slot live+1+j, or read only."""
+    checkpoint = mode == "checkpoint"
     sh, d = _case(rng, shape, m)
     n = m + 1
     slot = int(rng.integers(0, n))
@@ -103,7 +104,7 @@ def test_gdn_kernel(be, rng, shape, m, checkpoint):
     Ss_c = [np.full_like(S_c, np.nan) for _ in range(m)] if checkpoint else None
     hs_c = [np.full_like(h_c, np.nan) for _ in range(m)] if checkpoint else None
     want = _twin(sh, d, S_c, h_c, Ss_c, hs_c)
-    got = _kernel(be, sh, d, S_ring, h_ring, slot, checkpoint)
+    got = _kernel(be, sh, d, S_ring, h_ring, slot, mode)
     assert np.all(np.isfinite(got)) and rel(got, want) < F32
     Sg, hg = host(S_ring), host(h_ring)
     if checkpoint:
@@ -117,10 +118,17 @@ def test_gdn_kernel(be, rng, shape, m, checkpoint):
         h1 = cp.full_like(h_ring, np.nan)
         S1[0], h1[0] = dev(d["S0"]), dev(d["h0"])
         for j in range(m):
-            r1 = _kernel(be, sh, d, S1, h1, 0, False, rows=slice(j, j + 1))
+            r1 = _kernel(be, sh, d, S1, h1, 0, "in_place", rows=slice(j, j + 1))
             assert np.array_equal(r1[0], got[j])
             r = (slot + 1 + j) % n
             assert np.array_equal(host(S1[0]), Sg[r]) and np.array_equal(host(h1[0]), hg[r])
+    elif mode == "cache":              # the rows computed on a private copy: nothing written back
+        assert np.array_equal(Sg[slot], d["S0"]) and np.array_equal(hg[slot], d["h0"])
+        others = [s for s in range(n) if s != slot]
+        assert np.all(np.isnan(Sg[others])) and np.all(np.isnan(hg[others]))
+        S1, h1 = cp.full_like(S_ring, np.nan), cp.full_like(h_ring, np.nan)
+        S1[0], h1[0] = dev(d["S0"]), dev(d["h0"])
+        assert np.array_equal(_kernel(be, sh, d, S1, h1, 0, "in_place"), got)       # the same rows, bit for bit
     else:
         assert rel(Sg[slot], S_c) < F32 and rel(hg[slot], h_c) < F32
         others = [s for s in range(n) if s != slot]
