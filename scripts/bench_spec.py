@@ -24,6 +24,7 @@ import dataclasses
 import datetime as _dt
 import gc
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -43,6 +44,9 @@ ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8
 
 
 def git_commit():
+    """The commit measured: KESTREL_COMMIT when the tree was copied without its history."""
+    if os.environ.get("KESTREL_COMMIT"):
+        return os.environ["KESTREL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip() or None
@@ -273,6 +277,11 @@ def _fmt_str(d):
     return ", ".join(f"M={k}: {_x(v)}" for k, v in d.items())
 
 
+def _recorded(argv: list) -> list:
+    """The command line as recorded in the results: the output folder is written OUTDIR."""
+    return ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CPU stand-ins (tiny or test-b; test-a for the 27B part), T=16, one start, k=1,2")
@@ -290,7 +299,7 @@ def main(argv=None):
     args.T = args.T or (16 if args.quick else 64)
     t0 = time.time()
     d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-         "command": " ".join(["python", "scripts/bench_spec.py"] + (argv if argv is not None else sys.argv[1:])),
+         "command": " ".join(["python", "scripts/bench_spec.py"] + _recorded(argv if argv is not None else sys.argv[1:])),
          "commit": git_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
     d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
     if not args.skip_tiny:
