@@ -6,7 +6,19 @@ the last bit from the same row alone. So on the CPU every projection runs on blo
 exactly ROWS rows (zero padded): one GEMM shape for every call, so a row's result never
 depends on how many rows came with it. On the GPU, kernels/linear.cu sums each row in an
 order fixed by K alone (its header says how).
+
+Two GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
+and, for bf16 weights, the tensor-core GEMV ("tensor": mma.sync with activation rows padded to
+8 columns, x split exactly into three bf16 terms, so its cost and its arithmetic do not depend
+on M). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
+matrices whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take
+the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
+elements / 16 bytes). Both are batch-invariant; they differ from each other in the last bits.
+The default stays "fma": on the H200 the tensor-core kernel is flat in M but slower than it at
+M <= 4 on every 27B shape (results/bench_projections.md, kernels/linear.cu's header says why).
 """
+import os
+
 import numpy as np
 
 from ..cuda import launch as L
@@ -15,6 +27,15 @@ ROWS = 8                # one fixed CPU GEMM shape; >= any verify width kestrel 
 LINEAR_THREADS = 128    # 4 warps a block
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
+
+BF16_GEMVS = ("fma", "tensor")
+BF16_GEMV = os.environ.get("KESTREL_BF16_GEMV", "fma")
+if BF16_GEMV not in BF16_GEMVS:
+    raise ValueError(f"KESTREL_BF16_GEMV={BF16_GEMV!r}: expected one of {BF16_GEMVS}")
+TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))   # tensor-core (RT tiles of 16 rows a warp,
+TC_VARIANT = (1, 4, 2)         # U k-blocks of 32 a super-chunk, ST register stages); the one gemv_launch uses
+TC_KSPLITS = (2, 4, 8)
+TC_KSPLIT_BY_K: dict = {}      # benchmarks only: override the tensor-core K-split for a given K
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -37,12 +58,57 @@ def ksplit(K: int) -> int:
     return L.KSPLIT_BY_K.get(K) or (1 if K < 4096 else 2)
 
 
-def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0):
+def tc_ksplit(K: int) -> int:
+    """Warps that share one tile's K range in the tensor-core kernel: from K alone (so a row's
+    order never depends on N or M; a stacked matrix and its parts agree bit for bit)."""
+    return TC_KSPLIT_BY_K.get(K) or (2 if K <= 2048 else 4)
+
+
+def tc_eligible(W, K: int, X, ldx: int) -> bool:
+    """bf16 weights and activations that the tensor-core kernel can read with 16-byte loads."""
+    ldw = W.strides[0] // W.itemsize
+    return (W.dtype == np.uint16 and K % 8 == 0 and ldw % 8 == 0 and W.data.ptr % 16 == 0
+            and ldx % 4 == 0 and X.data.ptr % 16 == 0)
+
+
+def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
+                   variant: tuple | None = None, ks: int | None = None):
+    """(fn, grid, block, args, smem) of the tensor-core kernel (bf16 W; see gemv_launch).
+    variant (one of TC_VARIANTS) and ks: benchmarks only (the defaults are the engine's)."""
+    if not tc_eligible(W, K, X, ldx):
+        raise ValueError(f"tensor-core GEMV needs bf16 weights with K and row stride multiples of 8, ldx a "
+                         f"multiple of 4 and 16-byte aligned W and X (dtype {W.dtype}, K {K}, "
+                         f"row stride {W.strides[0] // W.itemsize}, ldx {ldx})")
+    rt, u, st = variant or TC_VARIANT
+    if (rt, u, st) not in TC_VARIANTS:
+        raise ValueError(f"tensor-core GEMV variant {(rt, u, st)} not one of {TC_VARIANTS}")
+    ks = ks or tc_ksplit(K)
+    if ks not in TC_KSPLITS:
+        raise ValueError(f"tensor-core K-split {ks} not one of {TC_KSPLITS}")
+    epi = EPI[epilogue]
+    nout = half if epi == 2 else W.shape[0]
+    tiles = L.cdiv(nout, 8 if epi == 2 else 16)
+    tpb = 1 if ks >= 4 else 4 // ks
+    grid = (L.cdiv(tiles, rt * tpb), L.cdiv(M, 8))
+    fn = L.kernel("linear", f"gemv_tc_k{ks}_r{rt}_u{u}_s{st}_e{epi}")
+    args = (L.ptr(W), L.i32(W.strides[0] // W.itemsize), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout),
+            L.i32(K), L.i32(M), L.i32(half))
+    return fn, grid, (32 * ks * tpb,), args, 0
+
+
+def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
+                bf16_gemv: str | None = None):
     """(fn, grid, block, args, smem) for Y (op)= X · Wᵀ over M rows.
 
     W [N, K] (uint16 bf16 bits or float32, C-contiguous rows), X [M, ldx], Y [M, ldy].
-    epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows)."""
+    epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows).
+    bf16_gemv: "fma" or "tensor" for bf16 weights (default BF16_GEMV)."""
     bf16 = W.dtype == np.uint16
+    which = bf16_gemv or BF16_GEMV
+    if which not in BF16_GEMVS:
+        raise ValueError(f"bf16_gemv={which!r}: expected one of {BF16_GEMVS}")
+    if bf16 and which == "tensor" and tc_eligible(W, K, X, ldx):
+        return gemv_tc_launch(W, X, Y, M, K, ldx, ldy, epilogue, half)
     N, ldw = W.shape[0], W.strides[0] // W.itemsize
     v = 8 if bf16 else 4
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Projections alone at the Qwen3.5-27B shapes: results/bench_projections.json + .md.
+
+    python3 scripts/bench_projections.py --out results      # on a GPU machine
+
+In one run, on bf16 weights drawn at random (cuRAND normal, scaled by K^-1/2, rounded to bf16):
+  * the read floor: a pure streaming-read kernel (16-byte loads that skip L1), the best of a few
+    grid shapes over a 2 GiB buffer, and over each projection's own weight buffers; beside it the
+    device-to-device copy (bytes read + written), the figure the engine's floor used so far;
+  * correctness of both bf16 GEMVs of kernels/linear.cu (CUDA-core "fma", tensor-core "tensor") at
+    every shape with its epilogue: relative error vs float64 (all rows) and vs the NumPy twin (a
+    slice of rows), every output written (outputs poisoned with NaN first), and row m of an
+    M-row launch bit-identical to that row launched alone for every M = 1..8;
+  * time and bandwidth (weight bytes / time) of fma, tensor and cuBLAS (torch.matmul: bf16 x, bf16 W,
+    bf16 out; no epilogue) for M = 1, 2, 3, 4, 8, and whether cuBLAS's rows are bit-identical
+    across M; a sweep of the tensor-core variants (tiles a warp, load step, K-split) at M = 1, 8.
+
+Timing: each launch reads its own weight buffer, rotating over buffers that together hold at
+least four times the L2 (so the weights come from HBM, not the cache); a CUDA graph of such
+back-to-back launches is replayed, each replay timed with CUDA events; the median over replays,
+divided by the launches in the graph. No programmatic dependent launch (cuBLAS has none either).
+Nothing here is a test: the checks are recorded, and tests/ops/test_linear.py asserts them.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
+    ("gdn in_proj [qkv|z|b|a]", 16480, 5120, "store"),
+    ("attn [q|k|v]", 14336, 5120, "store"),
+    ("mlp [gate|up] + SwiGLU", 17408, 5120, "swiglu"),
+    ("mlp down", 5120, 17408, "add"),
+    ("out_proj / o_proj", 5120, 6144, "add"),
+    ("lm_head", 248320, 5120, "store"),
+]
+MS = (1, 2, 3, 4, 8)
+F32 = 2e-5            # the tests' bound for one fp32 projection vs float64 / the twin
+
+READ_SRC = r"""
+__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+// Reads n 16-byte words once (grid-stride, UNROLL loads in flight a thread); writes nothing
+// unless the xor of everything read hits a constant (keeps the loads, costs no bandwidth).
+template <int UNROLL>
+__device__ void read_body(const uint4* __restrict__ p, long long n, unsigned* out) {
+    unsigned acc = 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) v[u] = ld_stream16(p + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) { const uint4 v = ld_stream16(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void read_u4(const uint4* p, long long n, unsigned* out) { read_body<4>(p, n, out); }
+extern "C" __global__ void read_u8(const uint4* p, long long n, unsigned* out) { read_body<8>(p, n, out); }
+"""
+
+
+def med(xs):
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def _recorded_args(argv: list) -> list:
+    """The command line as recorded: the output folder is written OUTDIR."""
+    return ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
+
+
+# ---- timing -------------------------------------------------------------------------------------
+def time_cupy_graph(cp, stream, issue, per_graph: int, reps: int) -> dict:
+    """issue() enqueues per_graph launches on the current stream: warm-up, capture, replay."""
+    with stream:
+        issue()
+    stream.synchronize()
+    with stream:
+        stream.begin_capture()
+        try:
+            issue()
+        finally:
+            g = stream.end_capture()
+    for _ in range(2):
+        g.launch(stream)
+    stream.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(stream)
+        g.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / per_graph)
+    return {"us": med(ts), "us_min": min(ts), "us_max": max(ts)}
+
+
+def time_torch_graph(torch, issue, per_graph: int, reps: int) -> dict:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            issue()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        issue()
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1e3 / per_graph)
+    del g
+    return {"us": med(ts), "us_min": min(ts), "us_max": max(ts)}
+
+
+# ---- the read floor ------------------------------------------------------------------------------
+def read_kernels(cp):
+    mod = cp.RawModule(code=READ_SRC, options=("--std=c++17",))
+    return {u: mod.get_function(f"read_u{u}") for u in (4, 8)}
+
+
+def read_variants(be, cp, kernels, bufs, per_graph, reps, sink):
+    """The read kernel over `bufs` (rotating), several grid shapes: {variant: timing}."""
+    sms = be.device_props["sm_count"]
+    out = {}
+    for unroll, fn in kernels.items():
+        for bps, threads in ((4, 512), (8, 256), (16, 256), (32, 128)):
+            grid = (sms * bps,)
+            launches = [(grid, (threads,), (bufs[i % len(bufs)], np.int64(bufs[i % len(bufs)].nbytes // 16), sink))
+                        for i in range(per_graph)]
+
+            def issue(launches=launches, fn=fn):
+                for g, b, a in launches:
+                    fn(g, b, a)
+            out[f"unroll{unroll}_grid{bps}xSM_{threads}t"] = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
+    return out
+
+
+# ---- checks ---------------------------------------------------------------------------------------
+def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, twin_rows=1024):
+    """rel vs float64 (all rows), rel vs the NumPy twin (rows [0, twin_rows)), all written,
+    rows bit-identical for M = 1..8. W: [rows, K] bf16 bits; x [8, K]; y0 [8, N] (add)."""
+    from kestrel.cuda import launch as L
+    from kestrel.ops import linear, mlp
+    half = N if epi == "swiglu" else 0
+
+    def run(j0, m):
+        y = y0[j0:j0 + m].copy() if epi == "add" else cp.full((m, N), np.nan, np.float32)
+        L.go(linear.gemv_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half, bf16_gemv=kernel), be.stream)
+        return y
+    alone = [run(j, 1)[0] for j in range(8)]
+    invariant, written = True, True
+    full = None
+    for m in range(1, 9):
+        y = run(0, m)
+        written &= bool(cp.all(cp.isfinite(y)))
+        invariant &= all(bool(cp.array_equal(y[j], alone[j])) for j in range(m))
+        full = y
+    # float64 reference on the device, in row chunks
+    x64 = x.astype(cp.float64)
+    num = den = 0.0
+    step = 16384
+    for a in range(0, N, step):
+        b = min(N, a + step)
+
+        def wide(r0, r1):
+            return (W[r0:r1].astype(cp.uint32) << 16).view(cp.float32).astype(cp.float64)
+        s = x64 @ wide(a, b).T
+        if epi == "swiglu":
+            u = x64 @ wide(N + a, N + b).T
+            ref = s / (1.0 + cp.exp(-s)) * u
+        elif epi == "add":
+            ref = y0.astype(cp.float64)[:, a:b] + s
+        else:
+            ref = s
+        d = full[:, a:b].astype(cp.float64) - ref
+        num += float(cp.sum(d * d))
+        den += float(cp.sum(ref * ref))
+    rel64 = math.sqrt(num / max(den, 1e-300))
+    # the NumPy twin on a slice of rows (the CPU backend's arithmetic)
+    n = min(twin_rows, N)
+    xh = x.get()
+    wh = be.weight_f32(W[:n]).get()
+    if epi == "swiglu":
+        want = mlp.swiglu(linear.linear(xh, wh), linear.linear(xh, be.weight_f32(W[N:N + n]).get()))
+    elif epi == "add":
+        want = y0[:, :n].get() + linear.linear(xh, wh)
+    else:
+        want = linear.linear(xh, wh)
+    got = full[:, :n].get().astype(np.float64)
+    twin = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-300))
+    return {"rel_vs_float64": rel64, "rel_vs_twin": twin, "all_written": bool(written),
+            "rows_bit_identical_M1_8": bool(invariant),
+            "ok": bool(written and invariant and rel64 < F32 and twin < F32)}
+
+
+def cublas_invariance(torch, Wt, xb):
+    """Is row 0 of torch.matmul(x[:M], W^T) bit-identical for M = 1..8? And every row j < M?"""
+    alone = [torch.matmul(xb[j:j + 1], Wt)[0].clone() for j in range(8)]
+    row0, rows = [], []
+    for m in range(1, 9):
+        y = torch.matmul(xb[:m], Wt)
+        row0.append(bool(torch.equal(y[0], alone[0])))
+        rows.append(all(bool(torch.equal(y[j], alone[j])) for j in range(m)))
+    torch.cuda.synchronize()
+    return {"row0_bit_identical_by_M": row0, "all_rows_bit_identical_by_M": rows}
+
+
+# ---- one shape -------------------------------------------------------------------------------------
+def bench_shape(be, cp, torch, label, N, K, epi, reps, rk, sink, rotate_bytes, sweep):
+    from kestrel.cuda import launch as L
+    from kestrel.ops import linear
+    rows = 2 * N if epi == "swiglu" else N
+    half = N if epi == "swiglu" else 0
+    nbytes = rows * K * 2
+    nbuf = min(8, max(1 if nbytes > (1 << 30) else 2, math.ceil(rotate_bytes / nbytes)))
+    per_graph = nbuf * max(1, 8 // nbuf)
+    rs = cp.random.RandomState(11 + K + N)
+    Ws = []
+    for _ in range(nbuf):
+        w = cp.empty((rows, K), cp.uint16)
+        be._fill_normal(rs, w, K ** -0.5)
+        Ws.append(w)
+    x = rs.standard_normal((8, K), dtype=cp.float32)
+    y0 = rs.standard_normal((8, N), dtype=cp.float32)
+    Y = cp.empty((8, N), cp.float32)
+    be.sync()
+    R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
+         "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
+         "tc_variant": list(linear.TC_VARIANT)}
+
+    t0 = time.time()
+    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in ("fma", "tensor")}
+    log(f"{label}: checks {json.dumps(R['checks'])} ({time.time() - t0:.1f} s)")
+
+    def gbps(t):
+        return nbytes / (t["us"] * 1e-6) / 1e9
+
+    rd = read_variants(be, cp, rk, Ws, per_graph, reps, sink)
+    best = min(rd, key=lambda v: rd[v]["us"])
+    R["read"] = dict(rd[best], variant=best, GBps=gbps(rd[best]))
+
+    def ours(kernel, M, variant=None, ks=None):
+        launches = []
+        for i in range(per_graph):
+            w = Ws[i % nbuf]
+            if variant is None:
+                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel))
+            else:
+                launches.append(linear.gemv_tc_launch(w, x, Y, M, K, K, N, epi, half, variant=variant, ks=ks))
+
+        def issue():
+            for fn, grid, block, args, sm in launches:
+                fn(grid, block, args, shared_mem=sm)
+        t = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
+        t["GBps"] = gbps(t)
+        return t
+
+    tw = xb = None
+    if torch is not None:
+        tw = [torch.from_dlpack(w.view(cp.int16)).view(torch.bfloat16).t() for w in Ws]
+        xb = torch.from_dlpack(x).to(torch.bfloat16)
+        R["cublas_invariance"] = cublas_invariance(torch, tw[0], xb)
+
+    R["times"] = {}
+    for M in MS:
+        e = {"fma": ours("fma", M), "tensor": ours("tensor", M)}
+        if torch is not None:
+            xm = xb[:M].contiguous()
+
+            def issue_t(xm=xm):
+                for i in range(per_graph):
+                    torch.matmul(xm, tw[i % nbuf])
+            t = time_torch_graph(torch, issue_t, per_graph, reps)
+            t["GBps"] = gbps(t)
+            e["cublas"] = t
+        R["times"][str(M)] = e
+        log(f"  M={M}: " + "  ".join(f"{k} {v['us']:.1f} us {v['GBps']:.0f} GB/s" for k, v in e.items())
+            + f"  (read {R['read']['us']:.1f} us)")
+    if sweep:
+        R["sweep"] = []
+        for variant in linear.TC_VARIANTS:
+            for ks in linear.TC_KSPLITS:
+                r = {"variant": list(variant), "ksplit": ks}
+                for M in (1, 8):
+                    r[f"M{M}_us"] = ours("tensor", M, variant, ks)["us"]
+                R["sweep"].append(r)
+                log(f"  sweep RT,U,ST={variant} ks={ks}: M=1 {r['M1_us']:.1f} us, M=8 {r['M8_us']:.1f} us")
+    del Ws, tw, xb
+    cp.get_default_memory_pool().free_all_blocks()
+    if torch is not None:
+        torch.cuda.empty_cache()
+    return R
+
+
+def profile_once(shape, ms=(1, 4)):
+    """One launch of fma, then of each tensor-core variant at its K-split, for each M in ms
+    (for a profiler that catches the gemv kernels in this order)."""
+    import cupy as cp
+    from kestrel.cuda import CUDABackend
+    from kestrel.cuda import launch as L
+    from kestrel.ops import linear
+    label, N, K, epi = shape
+    be = CUDABackend()
+    rows, half = (2 * N, N) if epi == "swiglu" else (N, 0)
+    w = cp.empty((rows, K), cp.uint16)
+    be._fill_normal(cp.random.RandomState(5), w, K ** -0.5)
+    x = cp.random.RandomState(6).standard_normal((8, K), dtype=cp.float32)
+    y = cp.zeros((8, N), cp.float32)
+    launches = []
+    for M in ms:
+        launches.append(("fma", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="fma")))
+        for v in linear.TC_VARIANTS:
+            launches.append((f"tensor {v}", M, linear.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
+    for name, M, launch in launches:
+        L.go(launch, be.stream)
+        be.sync()
+        log(f"profiled launch: {label} M={M} {name} ({launch[0].name if hasattr(launch[0], 'name') else ''})")
+
+
+# ---- report ------------------------------------------------------------------------------------------
+def render_md(R: dict) -> str:
+    rb, cb = R["read_bandwidth"], R["copy"]
+    fl = R.get("floor_27b", {})
+    L = ["# Projections at the Qwen3.5-27B shapes (bf16 weights)", "",
+         f"Device: **{R['device']}**, measured {R['date']} with `{R['command']}` "
+         f"(torch {R['versions'].get('torch')}, CuPy {R['versions']['cupy']}).", "",
+         f"Streaming read (2 GiB, best grid shape {rb['variant']}): **{rb['GBps']:.0f} GB/s**. "
+         f"Device-to-device copy (bytes read + written): {cb['GBps_read_plus_write']:.0f} GB/s."]
+    if fl:
+        L.append(f"A 27B decode step reads {fl['bytes'] / 1e9:.2f} GB of weights: floor {fl['ms_read']:.2f} ms at the "
+                 f"read bandwidth, {fl['ms_copy']:.2f} ms at the copy bandwidth.")
+    L += ["", "Time of one projection (µs, median) and weight bytes ÷ time (GB/s). *read*: the streaming-read kernel "
+          "over the same weight buffers (the floor at that size). *fma*: kestrel's CUDA-core GEMV; *tensor*: its "
+          "tensor-core GEMV (both batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 "
+          "activations and output, no epilogue. *tensor ÷ cuBLAS* < 1: kestrel faster.", "",
+          "| shape | M | read | fma | tensor | cuBLAS | tensor ÷ cuBLAS | tensor ÷ fma | cuBLAS row 0 = M=1 |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for s in R["shapes"]:
+        if "error" in s:
+            L.append(f"| {s['shape']} | error: {s['error'][:100]} |" + " |" * 7)
+            continue
+        inv = s.get("cublas_invariance", {}).get("row0_bit_identical_by_M")
+        for M, e in s["times"].items():
+            def c(k):
+                return f"{e[k]['us']:.1f} ({e[k]['GBps']:.0f})" if k in e else "—"
+            tc_cb = f"{e['tensor']['us'] / e['cublas']['us']:.2f}" if "cublas" in e else "—"
+            tc_f = f"{e['tensor']['us'] / e['fma']['us']:.2f}"
+            r0 = "—" if inv is None else ("yes" if inv[int(M) - 1] else "**no**")
+            L.append(f"| {s['shape']} | {M} | {s['read']['us']:.1f} ({s['read']['GBps']:.0f}) | {c('fma')} | "
+                     f"{c('tensor')} | {c('cublas')} | {tc_cb} | {tc_f} | {r0} |")
+    L += ["", "Correctness at each shape (x: 8 random rows; the NumPy twin on the first 1024 output rows; outputs "
+          "poisoned with NaN first; invariance: every row of each M = 1..8 launch against that row launched alone, "
+          "bit for bit). cuBLAS: is each row of an M-row product bit-identical to that row alone, for M = 1..8?", "",
+          "| shape | kernel | rel vs float64 | rel vs twin | all written | rows bit-identical, M = 1..8 |",
+          "|---|---|---|---|---|---|"]
+    for s in R["shapes"]:
+        for k, c in s.get("checks", {}).items():
+            L.append(f"| {s['shape']} | {k} | {c['rel_vs_float64']:.2e} | {c['rel_vs_twin']:.2e} | "
+                     f"{'yes' if c['all_written'] else '**no**'} | {'yes' if c['rows_bit_identical_M1_8'] else '**no**'} |")
+        ci = s.get("cublas_invariance")
+        if ci:
+            bad = [m + 1 for m, ok in enumerate(ci["all_rows_bit_identical_by_M"]) if not ok]
+            L.append(f"| {s['shape']} | cuBLAS | | | | {'yes' if not bad else 'no, at M = ' + ', '.join(map(str, bad))} |")
+    sw = [s for s in R["shapes"] if s.get("sweep")]
+    if sw:
+        L += ["", "Tensor-core variants: RT tiles of 16 rows a warp, U k-blocks of 32 a super-chunk, ST register "
+              "stages, ks warps sharing a tile's K; µs at M = 1 / M = 8; the engine's choice in bold.", "",
+              "| RT,U,ST | ks | " + " | ".join(s["shape"] for s in sw) + " |", "|---|---|" + "---|" * len(sw)]
+        for i, r in enumerate(sw[0]["sweep"]):
+            cells = []
+            for s in sw:
+                q = s["sweep"][i]
+                mark = "**" if (q["variant"] == s["tc_variant"] and q["ksplit"] == s["tc_ksplit"]) else ""
+                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M8_us']:.1f}{mark}")
+            L.append(f"| {','.join(map(str, r['variant']))} | {r['ksplit']} | " + " | ".join(cells) + " |")
+    L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
+          "(kestrel/ops/linear.py, BF16_GEMV)."]
+    return "\n".join(L) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "results"))
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--shapes", default="", help="comma-separated indices into SHAPES (default: all)")
+    ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds; the sweep is skipped past 70%% of it")
+    ap.add_argument("--profile", action="store_true",
+                    help="launch each bf16 GEMV once at one shape (for a profiler), measure nothing")
+    a = ap.parse_args()
+    if a.profile:
+        profile_once(SHAPES[int(a.shapes or 0)])
+        return
+    t_start = time.time()
+    import cupy as cp
+    from bench_engine import copy_bandwidth, floor_bytes
+    from kestrel.config import PRESETS
+    from kestrel.cuda import CUDABackend
+    from kestrel.ops import linear
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            torch = None
+    except ImportError:
+        torch = None
+    be = CUDABackend()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    l2 = int(props.get("l2CacheSize", 60 << 20))
+    R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
+         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+         "command": "python3 scripts/bench_projections.py " + " ".join(shlex.quote(x) for x in _recorded_args(sys.argv[1:])),
+         "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
+                      "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
+         "engine_bf16_gemv": linear.BF16_GEMV, "tc_variant": list(linear.TC_VARIANT),
+         "tc_ksplit_by_K": {str(K): linear.tc_ksplit(K) for K in sorted({s[2] for s in SHAPES})},
+         "timing": "CUDA graph of back-to-back launches over rotating weight buffers (>= 4x L2), events around "
+                   "each replay, median over replays / launches per graph; no PDL",
+         "shapes": []}
+
+    def save():
+        (out / "bench_projections.json").write_text(json.dumps(R, indent=1, default=float))
+        (out / "bench_projections.md").write_text(render_md(R))
+
+    rk = read_kernels(cp)
+    sink = cp.zeros(4, cp.uint32)
+    big = cp.empty((2 << 30) // 2, cp.uint16)
+    be._fill_normal(cp.random.RandomState(3), big, 1.0)
+    rv = read_variants(be, cp, rk, [big], 4, a.reps, sink)
+    best = min(rv, key=lambda v: rv[v]["us"])
+    R["read_bandwidth"] = {"bytes": big.nbytes, "variant": best, "GBps": big.nbytes / (rv[best]["us"] * 1e-6) / 1e9,
+                           "variants": {k: dict(v, GBps=big.nbytes / (v["us"] * 1e-6) / 1e9) for k, v in rv.items()}}
+    del big
+    cp.get_default_memory_pool().free_all_blocks()
+    R["copy"] = copy_bandwidth(be)
+    log(f"device {be.device_name}; read {R['read_bandwidth']['GBps']:.0f} GB/s ({best}); "
+        f"copy {R['copy']['GBps_read_plus_write']:.0f} GB/s (read + written)")
+    fb = floor_bytes(PRESETS["qwen3.5-27b"], "bf16")["weights"]
+    R["floor_27b"] = {"bytes": fb, "ms_read": fb / R["read_bandwidth"]["GBps"] / 1e6,
+                      "ms_copy": fb / R["copy"]["GBps_read_plus_write"] / 1e6}
+    save()
+    idx = [int(i) for i in a.shapes.split(",") if i] or range(len(SHAPES))
+    for i in idx:
+        label, N, K, epi = SHAPES[i]
+        sweep = not a.no_sweep and time.time() - t_start < 0.7 * a.budget
+        try:
+            R["shapes"].append(bench_shape(be, cp, torch, label, N, K, epi, a.reps, rk, sink, 4 * l2, sweep))
+        except Exception as e:  # record and keep going
+            import traceback
+            traceback.print_exc()
+            R["shapes"].append({"shape": label, "N": N, "K": K, "epilogue": epi, "error": f"{type(e).__name__}: {e}"})
+        save()
+    R["wall_s"] = time.time() - t_start
+    save()
+    print(render_md(R))
+
+
+if __name__ == "__main__":
+    main()
