@@ -57,7 +57,7 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
 
 
 def starts() -> list:
-    """The six fixed start prompts (short Python snippets): the seed's "six starts"."""
+    """The six fixed start prompts (short Python snippets): the article's "six starts"."""
     import json
     return json.loads((ASSETS / "tiny" / "starts.json").read_text())
 

@@ -1,4 +1,4 @@
-"""An independent float64 reference of SPEC §2, written straight from the math.
+"""An independent float64 reference of the Qwen3.5 hybrid model and its MTP head, written straight from the math.
 
 It shares no code with kestrel.ops (plain loops and float64 NumPy), so a bug in an op
 cannot hide in both. Used by test_ops.py and test_hf_parity.py.

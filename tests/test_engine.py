@@ -144,7 +144,7 @@ def test_mark_rollback_restores_everything(model, rng):
 
 
 def test_negative_control_mtp_cursor_left_out(model_a, rng):
-    """The seed's negative control: drop the MTP cursor from the snapshot and the result changes."""
+    """The article's negative control: drop the MTP cursor from the snapshot and the result changes."""
     V, D = model_a.cfg.vocab_size, model_a.cfg.hidden_size
     outcomes = {}
     for include in (True, False):

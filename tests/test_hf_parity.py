@@ -81,7 +81,7 @@ def test_greedy_stream_identical(hf_pair, rng):
 
 def test_mtp_head_vs_float64(hf_pair, rng, tmp_path):
     """Add random mtp.* tensors to the transformers checkpoint; transformers still loads it,
-    and kestrel's mtp_step matches the float64 reference of SPEC §2's MTP math."""
+    and kestrel's mtp_step matches the float64 reference of the MTP head's math."""
     name, seed, m, d = hf_pair
     t = read_safetensors(d / "model.safetensors")
     cfg0 = kestrel.load(d, device="cpu").cfg

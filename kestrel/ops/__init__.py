@@ -2,5 +2,5 @@
 kernel in kernels/<op>.cu; the CuPy launcher sits beside it when the CUDA backend is built.
 
 Every op works on row blocks [M, ...] and computes each row with the same arithmetic,
-whatever M is: that is the batch invariance of SPEC §3.
+whatever M is: row j of an M-row call is bit-identical to the same row alone (batch invariance).
 """
