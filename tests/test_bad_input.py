@@ -175,7 +175,8 @@ def _model():
 
 class EngineRules(RuleBasedStateMachine):
     """The rules: cursor contiguity, width per batch mode, max_seq, one-shot snapshots that
-    truncate invalidates, MTP cursor <= rows written, checkpoint selection pending."""
+    truncate invalidates, MTP cursor <= rows written, one pending verify (checkpointed or
+    cached) that only its own finish call ends."""
 
     def __init__(self):
         super().__init__()
@@ -185,7 +186,7 @@ class EngineRules(RuleBasedStateMachine):
         self.e = kestrel.Engine(self.m, max_seq=20, mmax=3, batch=self.batch)
         self.pos = self.mtp = 0
         self.snap = None      # (pos, mtp) of the live mark
-        self.pending = None   # (pos, M)
+        self.pending = None   # (kind, pos, M)
 
     def attempt(self, valid, call):
         before = self.e.snapshot_state()
@@ -211,22 +212,23 @@ class EngineRules(RuleBasedStateMachine):
         if self.attempt(ok, lambda: self.e.step(p, tok)):
             self.pos += 1
 
-    @rule(dp=st.integers(-1, 1), m=st.integers(0, 4), checkpointed=st.booleans())
-    def step_m(self, dp, m, checkpointed):
+    @rule(dp=st.integers(-1, 1), m=st.integers(0, 4), entry=st.sampled_from(["step_m", "checkpointed", "cached"]))
+    def step_m(self, dp, m, entry):
         p = self.pos + dp
         width_ok = m == 3 if self.batch == "strict" else 1 <= m <= 3
         ok = dp == 0 and width_ok and p + m <= 20 and self.pending is None
-        call = (lambda: self.e.verify_checkpointed(p, [2] * m)) if checkpointed else (lambda: self.e.step_m(p, [2] * m))
-        if self.attempt(ok, call):
-            if checkpointed:
-                self.pending = (self.pos, m)
+        fn = {"step_m": self.e.step_m, "checkpointed": self.e.verify_checkpointed, "cached": self.e.verify_cached}[entry]
+        if self.attempt(ok, lambda: fn(p, [2] * m)):
+            if entry != "step_m":
+                self.pending = (entry, self.pos, m)
             self.pos += m
 
-    @rule(n=st.integers(-1, 4))
-    def select(self, n):
-        ok = self.pending is not None and 0 <= n <= self.pending[1]
-        if self.attempt(ok, lambda: self.e.select_checkpoint(n)):
-            self.pos = self.pending[0] + n
+    @rule(n=st.integers(-1, 4), entry=st.sampled_from(["checkpointed", "cached"]))
+    def accept(self, n, entry):
+        ok = self.pending is not None and self.pending[0] == entry and 0 <= n <= self.pending[2]
+        fn = self.e.select_checkpoint if entry == "checkpointed" else self.e.fold_cached
+        if self.attempt(ok, lambda: fn(n)):
+            self.pos = self.pending[1] + n
             self.pending = None
 
     @rule(dq=st.integers(-1, 1), m=st.integers(1, 3), bad_hidden=st.booleans())
