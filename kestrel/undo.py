@@ -1,0 +1,495 @@
+"""Three ways to undo a recurrence, side by side (chapter 8): what each stores, the bytes a round
+moves, the time it takes (measured, with repeats), where each wins (a projection of the byte
+formulas) and the bit-exact matrix of the input cache.
+
+    from kestrel import undo
+    print(undo.table(undo.storage_rows({"tiny": model.cfg, "qwen3.5-27b": preset}, k=3)))
+    t = undo.time_policies(model, starts, T=32, k=3, repeats=5)      # median and range per policy
+    show(undo.timing_figure(t))
+    m = undo.bit_exact_matrix(model, starts, T=32)                   # memcmp against greedy
+    big = undo.large_comparison()       # the 27B shape: live on a GPU that holds it, else results/
+
+The ways: snapshot + replay ('replay', 'flex-replay': mark() keeps one copy of the state and the
+accepted rows are recomputed), per-row checkpoints ('checkpoint': the verify writes k states)
+and the input cache ('input-cache': the verify keeps k rows of inputs, kilobytes each, and the
+accepted ones are folded into the live state).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import spec
+from .diagrams import POLICY_NAMES, _fmt_bytes, _policy_color
+
+__all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
+           "bit_exact_matrix", "gpu_holds", "large_comparison", "large_table", "projection_figure",
+           "projection_rows", "fmt_bytes", "fits_rows", "device_memory", "large_figure", "fold_matches_steps",
+           "cost_rows"]
+
+WAYS = {"replay": "snapshot + replay (M=1)", "flex-replay": "snapshot + replay (batched)",
+        "checkpoint": "per-row checkpoints", "input-cache": "input cache"}
+fmt_bytes = _fmt_bytes
+
+
+# ---- what each way stores, and moves ------------------------------------------------------------------
+def storage_rows(cfgs: dict, k: int = 3) -> list:
+    """Per shape: the recurrent state (every GDN layer's S and conv window, fp32) and what each
+    way keeps beside it for a round of k drafts: one copy (mark), k copies (checkpoints) or k
+    rows of inputs (input cache). From the configs alone (Policy.state_traffic)."""
+    rows = []
+    for name, cfg in cfgs.items():
+        s, x = spec.recurrent_bytes(cfg), spec.cached_row_bytes(cfg)
+        kept = {p: spec.Policy.parse(p).state_traffic(cfg, k, k)["kept"] for p in ("replay", "checkpoint",
+                                                                                   "input-cache")}
+        rows.append({"shape": name, "GDN layers": len(cfg.gdn_layers), "state S + conv": fmt_bytes(s),
+                     "one input row": fmt_bytes(x), "snapshot: 1 copy": fmt_bytes(kept["replay"]),
+                     f"checkpoints: {k} copies": fmt_bytes(kept["checkpoint"]),
+                     f"input cache: {k} rows": fmt_bytes(kept["input-cache"]),
+                     "checkpoints / input cache": f"{kept['checkpoint'] / kept['input-cache']:.0f}×",
+                     "_bytes": {"state": s, "row": x, **kept}})
+    return rows
+
+
+def traffic_rows(cfg, k: int = 3, noks=None) -> list:
+    """Per policy and n_ok: the recurrent-state bytes one round reads and writes (the GDN state,
+    the conv window and the cached inputs; Policy.state_traffic), in units of the state too."""
+    s = spec.recurrent_bytes(cfg)
+    rows = []
+    for name in POLICY_NAMES:
+        pol = spec.Policy.parse(name)
+        for n in (range(0, k + 1) if noks is None else noks):
+            t = pol.state_traffic(cfg, k, n)
+            rows.append({"policy": name, "n_ok": n, "read": fmt_bytes(t["read"]), "written": fmt_bytes(t["written"]),
+                         "read + written": f"{(t['read'] + t['written']) / s:.2f} states",
+                         "_bytes": t})
+    return rows
+
+
+def table(rows: list, columns=None) -> str:
+    """Rows of dicts as an aligned text table (keys starting with '_' are left out)."""
+    columns = columns or [c for c in rows[0] if not c.startswith("_")]
+    cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+    w = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(columns))
+    out = [line, "  ".join("-" * x for x in w)]
+    for row in cells:
+        out.append("  ".join(v.ljust(w[i]) if i == 0 else v.rjust(w[i]) for i, v in enumerate(row)))
+    return "\n".join(out)
+
+
+# ---- time, measured with repeats -----------------------------------------------------------------------
+@dataclass
+class PolicyTiming:
+    """One policy's runs over the starts, repeated: one RunSummary (aggregated over the starts)
+    per repeat, and the cost model's prediction for each repeat's own rounds."""
+    policy: str
+    summaries: list
+    predicted_ms_per_token: list = field(default_factory=list)
+    label: str = ""
+
+    def _vals(self, f):
+        return [f(s) for s in self.summaries]
+
+    @property
+    def ms(self) -> list:
+        return self._vals(lambda s: s.ms_per_token)
+
+    @property
+    def greedy_ms(self) -> list:
+        return self._vals(lambda s: s.greedy_ms_per_token)
+
+    @property
+    def speedups(self) -> list:
+        return self._vals(lambda s: s.speedup)
+
+    @property
+    def bit_exact(self) -> bool:
+        return all(s.bit_exact for s in self.summaries)
+
+    @property
+    def median_summary(self):
+        """The repeat with the median ms/token (its phases are what the figure stacks)."""
+        order = sorted(range(len(self.summaries)), key=lambda i: self.summaries[i].ms_per_token)
+        return self.summaries[order[len(order) // 2]]
+
+    def spread(self, values) -> tuple:
+        """(median, min, max)."""
+        return statistics.median(values), min(values), max(values)
+
+    def row(self) -> dict:
+        m, lo, hi = self.spread(self.ms)
+        g = self.spread(self.greedy_ms)
+        sp = self.spread(self.speedups)
+        pred = statistics.median(self.predicted_ms_per_token) if self.predicted_ms_per_token else None
+        return {"policy": self.policy, "ms/token (median)": f"{m:.3f}", "range": f"{lo:.3f}..{hi:.3f}",
+                "greedy": f"{g[0]:.3f}", "speedup": f"{sp[0]:.3f}×", "speedup range": f"{sp[1]:.2f}..{sp[2]:.2f}",
+                "cost model": "" if pred is None else f"{pred:.3f}",
+                "model error": "" if pred is None else f"{(m - pred) / pred:+.1%}",
+                "bit-exact": self.bit_exact}
+
+
+def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", schedule=None, repeats: int = 5,
+                  policies=POLICY_NAMES, units=None, reference=None) -> list:
+    """Run every policy over the starts `repeats` times (policies interleaved within a repeat, so a
+    drift of the machine's speed touches all of them alike), each run timing greedy decoding of
+    the same tokens in the same call. starts: [(label, tokens)] or [tokens]. schedule: a callable
+    (start index) -> spec.Schedule for the replay drafter. units: spec.UnitCosts to price each
+    repeat's own rounds (spec.compare). reference: {start index: greedy stream} to skip the
+    greedy baseline (then no speedup). Engines are reused, and each policy runs once untimed
+    first, so that a GPU backend's captured plans are not timed."""
+    from .engine import Engine
+    toks = [s[1] if isinstance(s, tuple) else s for s in starts]
+    if not toks:
+        raise spec.SpecArgumentError("time_policies: no starts")
+    repeats = spec.check_size(repeats, "repeats")
+    pols = [spec.Policy.parse(p) for p in policies]
+    need = max(len(t) for t in toks) + T + k + 2
+    engines = {p.name: Engine(model, max_seq=need, mmax=k, batch=p.batch) for p in pols}
+    g_eng = Engine(model, max_seq=need, mmax=1, batch="flex")
+
+    def run(p, i, t):
+        sch = schedule(i) if schedule is not None else None
+        kw = dict(greedy=True, greedy_engine=g_eng) if reference is None else dict(greedy=False,
+                                                                                  reference=reference[i])
+        return spec.run_spec(model, t, T, k, p, drafter, schedule=sch, engine=engines[p.name], **kw)
+    for p in pols:                                                         # warm-up, untimed
+        run(p, 0, toks[0])
+    out = {p.name: PolicyTiming(p.name, [], [], WAYS.get(p.name, p.name)) for p in pols}
+    for _ in range(repeats):
+        for p in pols:
+            res = [run(p, i, t) for i, t in enumerate(toks)]
+            out[p.name].summaries.append(spec.aggregate(res))
+            if units is not None and p.priced_by(units):
+                out[p.name].predicted_ms_per_token.append(spec.compare(units, res)["predicted_ms_per_token"])
+    return list(out.values())
+
+
+def timing_figure(timings: list, *, title: str | None = None, height: int = 460):
+    """ms per token by phase for each policy (the median repeat's phases, stacked), the range of
+    the repeats' totals as an error bar, greedy decoding's median and range beside, and the cost
+    model's prediction as a marker where it was priced."""
+    from .plots import figure
+    from .widgets.figures import PHASE_COLORS
+    labels = [f"{t.policy}<br>({WAYS.get(t.policy, t.policy)})" for t in timings]
+    fig = figure(title, height=height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
+                 legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), hovermode="closest")
+    fig.update_layout(margin=dict(l=60, r=20, t=70, b=150))
+    meds = [t.median_summary for t in timings]
+    for ph in spec.PHASES:
+        fig.add_bar(x=labels, y=[m.phase_ms_per_token.get(ph, 0.0) for m in meds], name=ph,
+                    marker_color=PHASE_COLORS[ph], hovertemplate="%{y:.3g} ms/token<extra>" + ph + "</extra>")
+    tails = [max(m.ms_per_token - sum(m.phase_ms_per_token.values()), 0.0) for m in meds]
+    if any(x > 0 for x in tails):
+        fig.add_bar(x=labels, y=tails, name="tail", marker_color=PHASE_COLORS["tail"])
+    sp = [t.spread(t.ms) for t in timings]
+    fig.add_scatter(x=labels, y=[m.ms_per_token for m in meds], mode="markers", name="range of the repeats",
+                    marker=dict(size=1, color="black"),
+                    error_y=dict(type="data", symmetric=False, array=[s[2] - m.ms_per_token for s, m in zip(sp, meds)],
+                                 arrayminus=[m.ms_per_token - s[1] for s, m in zip(sp, meds)], color="black",
+                                 thickness=1.5, width=8))
+    g = [t.spread(t.greedy_ms) for t in timings]
+    fig.add_scatter(x=labels, y=[x[0] for x in g], mode="markers", name="greedy, same tokens (median, range)",
+                    marker=dict(symbol="line-ew-open", size=46, color="#333", line=dict(width=3, color="#333")),
+                    error_y=dict(type="data", symmetric=False, array=[x[2] - x[0] for x in g],
+                                 arrayminus=[x[0] - x[1] for x in g], color="#777", thickness=1, width=3))
+    pred = [statistics.median(t.predicted_ms_per_token) if t.predicted_ms_per_token else None for t in timings]
+    if any(p is not None for p in pred):
+        fig.add_scatter(x=labels, y=pred, mode="markers", name="cost model (this run's rounds)",
+                        marker=dict(symbol="diamond-open", size=13, color="black", line=dict(width=2)))
+    return fig
+
+
+# ---- bit-exact: memcmp of the stream against greedy -----------------------------------------------------
+def _memcmp(a, b) -> int:
+    """0 when the two token streams are byte-identical (as int64 arrays), else the sign of the
+    first differing byte, like C's memcmp."""
+    x, y = np.asarray(a, np.int64).tobytes(), np.asarray(b, np.int64).tobytes()
+    if x == y:
+        return 0
+    for i, (p, q) in enumerate(zip(x, y)):
+        if p != q:
+            return -1 if p < q else 1
+    return -1 if len(x) < len(y) else 1
+
+
+def bit_exact_matrix(model, starts, *, T: int = 32, ks=(1, 2, 3, 4), drafters=("mtp-article", "mtp", "replay"),
+                     policy="input-cache") -> dict:
+    """memcmp of the speculative stream against greedy decoding (kestrel.generate, computed here
+    once per start, independently of the run) for every drafter x k x start. The replay drafter
+    replays the article's E16 profile on the trained pairing, one seed per start.
+    -> {(drafter, k, start index): memcmp value}."""
+    from .engine import generate
+    toks = [s[1] if isinstance(s, tuple) else s for s in starts]
+    greedy = [generate(model, t, T) for t in toks]
+    out = {}
+    for d in drafters:
+        for k in ks:
+            for i, t in enumerate(toks):
+                sch = spec.Schedule(profile=spec.E16_PROFILE, pairing="trained", seed=i) if d == "replay" else None
+                r = spec.run_spec(model, t, T, k, policy, d, schedule=sch, reference=greedy[i], greedy=False)
+                out[d, k, i] = _memcmp(r.stream, greedy[i])
+    return out
+
+
+# ---- the 27B shape: live on a GPU that holds it, else the results file ---------------------------------
+LARGE = "qwen3.5-27b"
+LARGE_SCHEDULES = (("article histogram", 3, {"hist": spec.ARTICLE_HIST}, "article"),
+                   ("E16 profile", 3, {"profile": spec.E16_PROFILE}, "trained"))
+
+
+def gpu_holds(preset: str = LARGE, dtype: str = "bf16", headroom: float = 1.25) -> tuple:
+    """(True, why) when CuPy sees a GPU whose free memory holds the preset's weights (and
+    `headroom` for states, caches and plans), else (False, why)."""
+    from .backend import cuda_available
+    from .config import PRESETS
+    if not cuda_available():
+        return False, "no CUDA GPU is visible here"
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    need = PRESETS[preset].param_count() * (2 if dtype == "bf16" else 4) * headroom
+    if free < need:
+        return False, f"the GPU has {free / 2**30:.0f} GiB free; {preset} in {dtype} needs about {need / 2**30:.0f} GiB"
+    return True, f"the GPU has {free / 2**30:.0f} GiB free of {total / 2**30:.0f} GiB"
+
+
+def _state_per_token(cfg, policy, hist: dict, k: int) -> dict:
+    """Recurrent-state bytes read + written per emitted token for rounds with this n_ok
+    histogram (Policy.state_traffic), and what the policy keeps beside the live state."""
+    pol = spec.Policy.parse(policy)
+    rw = tok = 0
+    for n, c in hist.items():
+        t = pol.state_traffic(cfg, k, int(n))
+        rw += c * (t["read"] + t["written"])
+        tok += c * max(int(n), 1)
+    return {"read+written": rw / max(tok, 1), "kept": pol.state_traffic(cfg, k, 0)["kept"]}
+
+
+def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repeats: int = 3, seed: int = 0) -> dict:
+    """The four policies at the Qwen3.5-27B shape (random bf16 weights; the replay drafter forces
+    the article's histogram on the article pairing and the E16 profile on the trained one, k = 3).
+
+    live=None: run live when a GPU holds the model (gpu_holds), else read results/bench_spec.json.
+    -> {"live", "source" (a provenance line), "why", "rows": [{schedule, pairing, policy, ms (median,
+    lo, hi), speedup (median, lo, hi), greedy, bit_exact, state_per_token}], "missing": [...]}"""
+    from .config import PRESETS
+    cfg = PRESETS[LARGE]
+    ok, why = gpu_holds()
+    live = ok if live is None else live
+    if live:
+        return _large_live(cfg, T, P, repeats, seed, why)
+    return _large_from_results(cfg, why)
+
+
+def _large_live(cfg, T, P, repeats, seed, why) -> dict:
+    import kestrel
+    from .plots import provenance
+    model = kestrel.load(LARGE, device="cuda", dtype="bf16", seed=seed)
+    rng = np.random.default_rng(seed)
+    prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, P)]
+    ref = kestrel.generate(model, prompt, T)
+    units = spec.measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=5)
+    rows = []
+    for sname, k, src, pairing in LARGE_SCHEDULES:
+        ts = time_policies(model, [("random prompt", prompt)], T=T, k=k, drafter="replay", repeats=repeats,
+                           schedule=lambda i, src=src, pairing=pairing: spec.Schedule(**src, pairing=pairing))
+        for t in ts:
+            rows.append(_row(cfg, sname, pairing, k, t.policy, t.ms, t.speedups, t.greedy_ms, t.bit_exact,
+                             t.median_summary.hist))
+    p = provenance(model)
+    del model
+    return {"live": True, "why": why, "rows": rows, "missing": [], "T": T, "repeats": repeats, "units": units,
+            "source": f"measured live on {p['device']} at {p['date']} ({repeats} repeats, T = {T})",
+            "greedy_ref_tokens": len(ref)}
+
+
+def _row(cfg, sname, pairing, k, policy, ms, speedups, greedy, exact, hist) -> dict:
+    med = statistics.median
+    return {"schedule": sname, "pairing": pairing, "policy": policy, "ms": (med(ms), min(ms), max(ms)),
+            "speedup": (med(speedups), min(speedups), max(speedups)), "greedy": med(greedy),
+            "bit_exact": exact, "state_per_token": _state_per_token(cfg, policy, hist, k)}
+
+
+def _large_from_results(cfg, why) -> dict:
+    from . import results
+    d = results.load("bench_spec")
+    sec = d.get("large") or {}
+    rows, missing = [], []
+    for sname, k, _, pairing in LARGE_SCHEDULES:
+        for pol in POLICY_NAMES:
+            r = next((r for r in sec.get("runs", []) if r.get("schedule") == sname and r.get("pairing") == pairing
+                      and r.get("policy") == pol and r.get("k") == k), None)
+            if r is None:
+                missing.append(f"{pol} ({sname}, {pairing} pairing)")
+                continue
+            s = spec.RunSummary.from_dict({"model": sec.get("model", ""), "device": sec.get("device", ""), **r})
+            rows.append(_row(cfg, sname, pairing, k, pol, [s.ms_per_token], [s.speedup],
+                             [s.greedy_ms_per_token], s.bit_exact, s.hist))
+    src = results.provenance({**d, "device": sec.get("device", d.get("device"))})
+    units = spec.UnitCosts.from_dict(sec["units"]) if "units" in sec else None
+    return {"live": False, "why": why, "rows": rows, "missing": missing, "T": sec.get("T"), "repeats": 1,
+            "units": units,
+            "source": src.replace("measured on", "read from results/bench_spec.json, measured on", 1)}
+
+
+def large_table(big: dict) -> str:
+    rows = []
+    for r in big["rows"]:
+        m, lo, hi = r["ms"]
+        s = r["speedup"]
+        rows.append({"schedule": f"{r['schedule']}, {r['pairing']}", "policy": r["policy"],
+                     "ms/token": f"{m:.2f}", "range": f"{lo:.2f}..{hi:.2f}" if hi > lo else "one run",
+                     "greedy": f"{r['greedy']:.2f}", "speedup": f"{s[0]:.3f}×",
+                     "state moved / token": fmt_bytes(r["state_per_token"]["read+written"]),
+                     "kept": fmt_bytes(r["state_per_token"]["kept"]), "bit-exact": r["bit_exact"]})
+    return table(rows)
+
+
+# ---- where each wins: a projection of the byte formulas -----------------------------------------------
+def projection_rows(cfg, k: int = 3, n: float | None = None, batches=(1, 4, 16, 64, 256),
+                    contexts=(4096, 32768, 131072)) -> list:
+    """spec.cost.serving_projection for B sequences at context L (n: the mean n_ok, default the
+    E16 profile's on the trained pairing). A projection of the formulas, not a measurement."""
+    from .spec.cost import serving_projection
+    n = spec.mean_nok(spec.E16_PROFILE, k, "trained") if n is None else n
+    return serving_projection(cfg, k, n, batches=batches, contexts=contexts)
+
+
+def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = None,
+                      batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(4096, 32768, 131072), *,
+                      device_bytes: float | None = None, height: int = 430):
+    """A projection of the byte formulas (spec.cost.serving_projection), not a measurement, for
+    B sequences decoding together. what='memory': the memory held (weights + every sequence's
+    live state, what its policy keeps and its KV cache of L tokens), one panel per context L;
+    device_bytes draws one device's memory. what='bytes': the recurrent-state bytes one round
+    reads and writes against the weights read once a round (these do not depend on L)."""
+    from plotly.subplots import make_subplots
+    if what not in ("memory", "bytes"):
+        raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
+    rows = projection_rows(cfg, k, n, batches, contexts)
+    title = f"{cfg.name}, k = {k}: a projection of the byte formulas, not a measurement"
+    if what == "memory":
+        fig = make_subplots(rows=1, cols=len(contexts), shared_yaxes=True, horizontal_spacing=0.03,
+                            subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])
+        groups = [("snapshot + replay", "replay"), ("checkpoint", "checkpoint"), ("input-cache", "input-cache")]
+        for ci, L in enumerate(contexts):
+            for label, pol in groups:
+                rs = [r for r in rows if r["policy"] == pol and r["context"] == L]
+                fig.add_scatter(x=[r["batch"] for r in rs], y=[r["memory_bytes"] / 1e9 for r in rs],
+                                mode="lines+markers", name=label, legendgroup=label, showlegend=ci == 0,
+                                line=dict(color=_policy_color(pol), width=2.5), marker=dict(size=5),
+                                row=1, col=ci + 1, hovertemplate="B=%{x}: %{y:.0f} GB<extra>" + label + "</extra>")
+            if device_bytes:
+                note = dict(annotation_text=f"one device: {device_bytes / 1e9:.0f} GB",
+                            annotation_position="top left") if ci == 0 else {}
+                fig.add_hline(y=device_bytes / 1e9, line=dict(color="#555", dash="dot"), row=1, col=ci + 1, **note)
+        fig.update_yaxes(title="GB held", row=1, col=1, rangemode="tozero")
+    else:
+        fig = make_subplots(rows=1, cols=1)
+        L = contexts[0]
+        for pol in POLICY_NAMES:
+            rs = [r for r in rows if r["policy"] == pol and r["context"] == L]
+            fig.add_scatter(x=[r["batch"] for r in rs], y=[r["state_bytes"] / 1e9 for r in rs], mode="lines+markers",
+                            name=f"{pol} ({WAYS[pol]})", line=dict(color=_policy_color(pol), width=2.5),
+                            marker=dict(size=5), hovertemplate="B=%{x}: %{y:.2f} GB<extra>" + pol + "</extra>")
+        w = 2 * cfg.param_count(mtp=False)             # bf16 weights, as serving_projection counts them
+        fig.add_scatter(x=[batches[0], batches[-1]], y=[w / 1e9] * 2, mode="lines", name="the weights, read once a round",
+                        line=dict(color="#555", dash="dot"))
+        fig.update_yaxes(type="log", dtick=1, title="GB of recurrent state read + written per round")
+    fig.update_xaxes(type="log", title="sequences decoding together (B)", tickvals=list(batches),
+                     ticktext=[str(b) for b in batches])
+    fig.update_layout(template="plotly_white", height=height, margin=dict(l=70, r=20, t=90, b=110),
+                      title=title, legend=dict(orientation="h", yanchor="top", y=-0.28, x=0))
+    return fig
+
+
+def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 131072)) -> list:
+    """How many sequences fit in `device_bytes` under each way, per context length: (device
+    memory - the weights) // one sequence's memory (live state + what the policy keeps + its KV
+    cache), from the same formulas as projection_rows. A projection, not a measurement."""
+    rows = projection_rows(cfg, k, None, batches=(1,), contexts=contexts)
+    w = 2 * cfg.param_count(mtp=False)
+    out = []
+    for pol in ("replay", "checkpoint", "input-cache"):
+        row = {"way": WAYS[pol].replace(" (M=1)", ""), "policy": pol}
+        for L in contexts:
+            per = next(r["memory_bytes"] for r in rows if r["policy"] == pol and r["context"] == L) - w
+            row[f"L = {L // 1024}K"] = int((device_bytes - w) // per)
+        out.append(row)
+    return out
+
+
+def device_memory() -> tuple:
+    """(bytes, name) of the device results/bench_engine.json was measured on."""
+    from . import results
+    d = results.load("bench_engine")
+    props = d.get("device_props") or {}
+    return float(props["memory_bytes"]), props.get("name") or d.get("device", "?")
+
+
+def large_figure(big: dict, *, title: str | None = None, height: int = 430):
+    """Speedup against greedy at the 27B shape, per schedule and policy (bars: the median; error
+    bars: the range of the repeats when there were several), with 1× marked."""
+    from .plots import figure
+    fig = figure(title, height=height, barmode="group", yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"),
+                 legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
+    fig.update_layout(margin=dict(l=60, r=20, t=80, b=110))
+    scheds = list(dict.fromkeys(f"{r['schedule']}, {r['pairing']} pairing" for r in big["rows"]))
+    for pol in POLICY_NAMES:
+        rs = {f"{r['schedule']}, {r['pairing']} pairing": r for r in big["rows"] if r["policy"] == pol}
+        if not rs:
+            continue
+        ys = [rs[x]["speedup"][0] if x in rs else None for x in scheds]
+        err = dict(type="data", symmetric=False, array=[rs[x]["speedup"][2] - rs[x]["speedup"][0] if x in rs else 0
+                                                        for x in scheds],
+                   arrayminus=[rs[x]["speedup"][0] - rs[x]["speedup"][1] if x in rs else 0 for x in scheds],
+                   color="#333", thickness=1.2, width=4)
+        if big.get("repeats", 1) < 2:
+            err = None
+        fig.add_bar(x=scheds, y=ys, name=f"{pol} ({WAYS[pol]})", marker_color=_policy_color(pol), error_y=err,
+                    text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="outside", cliponaxis=False)
+    fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
+                  annotation_position="top left")
+    return fig
+
+
+def fold_matches_steps(model, prompt, drafts, n: int) -> dict:
+    """verify_cached(drafts) + fold_cached(n) on one engine, n plain steps of drafts[:n] on
+    another: is the live GDN state (S and conv window), every visible KV row and the cursor the
+    same, bit for bit? -> {"S": bool, "conv": bool, "kv": bool, "cursor": bool}."""
+    from .engine import Engine
+    need = len(prompt) + len(drafts) + 2
+    a = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")
+    b = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")
+    a.prefill(prompt)
+    b.prefill(prompt)
+    a.verify_cached(a.cursor, drafts)
+    a.fold_cached(n)
+    for t in drafts[:n]:
+        b.step(b.cursor, t)
+    npy = model.be.to_numpy
+    (sa, ha), (sb, hb) = a.live_state(), b.live_state()
+    c = a.cursor
+    same = lambda x, y: np.asarray(npy(x)).tobytes() == np.asarray(npy(y)).tobytes()   # noqa: E731
+    kv = all(same(a.state.kc[i][:c], b.state.kc[i][:c]) and same(a.state.vc[i][:c], b.state.vc[i][:c])
+             for i in range(a.n_attn))
+    return {"S": same(sa, sb), "conv": same(ha, hb), "kv": kv, "cursor": a.cursor == b.cursor == len(prompt) + n}
+
+
+def cost_rows(u, k: int = 3, n: int = 1) -> list:
+    """What one round of k drafts accepting n costs each policy in its own phases, from unit costs
+    (Policy.cost): the verify, the copies, the undo step and the replay, in ms."""
+    rows = []
+    for name in POLICY_NAMES:
+        pol = spec.Policy.parse(name)
+        if not pol.priced_by(u):
+            rows.append({"policy": name, "verify": "not measured"})
+            continue
+        c = pol.cost(u, k, n)
+        undo = {"replay": "rollback", "flex-replay": "rollback", "checkpoint": "select", "input-cache": "fold"}[name]
+        rows.append({"policy": name, f"verify {k} rows": f"{c['verify']:.3f}", "mark": f"{c.get('mark', 0):.3f}",
+                     "undo step": undo, "undo": f"{c.get('rollback', 0):.3f}", "replay": f"{c.get('replay', 0):.3f}",
+                     "sum (ms)": f"{sum(c.values()):.3f}", "_ms": c})
+    return rows
