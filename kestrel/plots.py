@@ -28,11 +28,13 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["show", "figure", "stamp", "provenance", "device_name"]
+__all__ = ["show", "figure", "stamp", "provenance", "device_name", "table", "Spread", "spread", "repeat"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 DEFAULT_HEIGHT = 420
-_CONFIG = {"displaylogo": False, "responsive": True}
+# No mode bar (it sat over the titles); figures follow the width of their box.
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": False}
+_CONFIG = PLOT_CONFIG
 _counter = 0
 
 
@@ -90,6 +92,76 @@ def show(fig, *, include_json: bool = True) -> None:
     display(bundle(fig, include_json=include_json), raw=True)
 
 
+# --------------------------------------------------------------------------- tables
+
+def table_html(rows, head, *, align=None, caption: str | None = None) -> str:
+    """An HTML table in a box that scrolls sideways when it is wider than the page (class
+    kestrel-table, book/_static/kestrel.css), so no column is ever cut off."""
+    from html import escape
+    align = align or ["left"] + ["right"] * (len(head) - 1)
+    th = "".join(f'<th style="text-align:{a}">{escape(str(h))}</th>' for h, a in zip(head, align))
+    body = "".join("<tr>" + "".join(f'<td style="text-align:{a}">{escape(str(c))}</td>'
+                                    for c, a in zip(r, align)) + "</tr>" for r in rows)
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    return (f'<div class="kestrel-table"><table>{cap}<thead><tr>{th}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def table_text(rows, head) -> str:
+    """The same table as aligned plain text (what a terminal or a test sees)."""
+    cells = [[str(h) for h in head]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[j]) for r in cells) for j in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if j == 0 else c.rjust(w)  # noqa: E731
+                              for j, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]])
+
+
+def table(rows, head, *, align=None, caption: str | None = None) -> None:
+    """Display rows as a table: HTML in the book and in Jupyter, aligned text elsewhere."""
+    from IPython.display import display
+    display({"text/html": table_html(rows, head, align=align, caption=caption),
+             "text/plain": table_text(rows, head)}, raw=True)
+
+
+# --------------------------------------------------------------------------- repeats
+
+class Spread:
+    """Repeated measurements of one quantity: the median, the range (min..max) and the count."""
+
+    def __init__(self, values):
+        import statistics
+        self.values = [float(v) for v in values]
+        if not self.values:
+            raise ValueError("Spread needs at least one value")
+        self.median = statistics.median(self.values)
+        self.lo, self.hi, self.n = min(self.values), max(self.values), len(self.values)
+
+    @property
+    def rel_range(self) -> float:
+        """(max - min) / median: how far apart the repeats were, relative to their median."""
+        return (self.hi - self.lo) / self.median if self.median else float("inf")
+
+    def fmt(self, spec: str = ".3f", unit: str = "") -> str:
+        """'0.240 ms (0.231..0.262, 5 runs)'."""
+        u = f" {unit}" if unit and not unit.startswith("×") else unit
+        return (f"{self.median:{spec}}{u} ({self.lo:{spec}}..{self.hi:{spec}}, "
+                f"{self.n} run{'s' * (self.n != 1)})")
+
+    def __repr__(self):
+        return f"Spread({self.fmt()})"
+
+
+def spread(values) -> Spread:
+    return Spread(values)
+
+
+def repeat(fn, n: int = 5):
+    """Call fn() n times and return the results as a list (each call one repeat of a measurement)."""
+    if n < 1:
+        raise ValueError(f"repeat needs n >= 1, got {n}")
+    return [fn() for _ in range(n)]
+
+
 # --------------------------------------------------------------------------- provenance
 
 def _cpu_name() -> str:
@@ -143,10 +215,17 @@ def provenance(device: Any = None, when: _dt.datetime | None = None) -> dict:
     }
 
 
+PROVENANCE_PX = 22        # the strip at the bottom of a figure that holds its provenance line
+
+
 def annotate_provenance(fig, line: str) -> None:
-    """Write a provenance line into a figure: small grey text above the plot area, right-aligned."""
-    fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=1.0,
-                       xanchor="right", yanchor="bottom", yshift=6, showarrow=False,
+    """Write a provenance line into a figure: small grey text along its bottom edge, right-aligned,
+    in a strip added below everything else (above the plot it sat on titles and subplot titles)."""
+    m = fig.layout.margin
+    bottom = (m.b if m is not None and m.b is not None else 80) + PROVENANCE_PX
+    fig.update_layout(margin=dict(b=bottom))
+    fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=0.0,
+                       xanchor="right", yanchor="bottom", yshift=-bottom + 3, showarrow=False,
                        font=dict(size=10, color="#777"))
 
 

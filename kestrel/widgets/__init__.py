@@ -17,6 +17,8 @@ figures with frames, ``replay_frames_figure`` and ``cost_explorer_static``, with
     widgets.cost_surface_figure(u, "replay", "article", measured=runs)   # predicted speedup over (k, alpha)
     widgets.replay_frames_figure(r)           # static twin of spec_replay: slider/play over the rounds
     widgets.cost_explorer_static(u)           # static twin of cost_explorer: slider over alpha
+    rep = widgets.repeat_runs(model, prompts, repeats=5, units=u)    # median and range of repeats
+    widgets.spread_figure([rep1, rep2], names=[...])                 # median speedup, range, model
 
 A run is a spec.SpecResult, a spec.RunSummary (a results row is read through
 RunSummary.from_dict) or a spec.Prediction (see runs.py).
@@ -25,6 +27,7 @@ RunSummary.from_dict) or a spec.Prediction (see runs.py).
   figures.py        histogram, phase, speedup and round figures
   cost_figures.py   the cost model's surface and per-policy views
   frames.py         figures with frames (a recorded run replayed round by round)
+  repeats.py        repeated runs: median and range of every small-model timing
   cache.py          models and engines kept between widget runs
   view.py           a live figure (FigureWidget or Output) and HTML helpers
   spec_replay.py, cost_explorer.py   the two widgets
@@ -41,12 +44,15 @@ from .cost_explorer import cost_explorer
 from .cost_figures import cost_explorer_static, cost_surface_figure
 from .figures import PHASE_COLORS, POLICY_COLORS, hist_figure, phase_figure, round_figure, speedup_figure
 from .frames import replay_frames_figure
+from .repeats import Repeated, repeat_runs, spread_figure
 from .spec_replay import spec_replay
 
 __all__ = [
     # plain figures (static book and widgets)
     "hist_figure", "phase_figure", "speedup_figure", "round_figure", "cost_surface_figure",
-    "replay_frames_figure", "cost_explorer_static",
+    "replay_frames_figure", "cost_explorer_static", "spread_figure",
+    # repeated runs (median and range)
+    "repeat_runs", "Repeated",
     # widgets
     "spec_replay", "cost_explorer",
     # models

@@ -6,7 +6,11 @@ from . import cache
 from .cost_figures import cost_surface_figure
 from .figures import phase_figure
 from .runs import as_units, pad_profile
-from .view import FigView, esc, html_table, side_by_side
+from .view import AppBox, FigView, esc, html_table, side_by_side
+
+TEXT_FORM = ("cost_explorer: a live widget (sliders for α₁..α₄, k, the pairing, the policy and the unit "
+             "costs). Run this cell in a live kernel to use it; kestrel.widgets.cost_explorer_static "
+             "draws the same model without one.")
 
 
 def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, policy="replay",
@@ -29,6 +33,16 @@ def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, p
     return CostExplorer(unit_costs, measured, profile, k, policy, pairing, device).widget
 
 
+def _shown_path(path) -> str:
+    """A results file as the reader knows it: relative to the repository when it lies inside it."""
+    from pathlib import Path
+    from ..results import RESULTS
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS.parent))
+    except (TypeError, ValueError):
+        return str(path)
+
+
 class CostExplorer:
     def __init__(self, unit_costs, measured, profile, k, policy, pairing, device):
         import ipywidgets as W
@@ -45,7 +59,7 @@ class CostExplorer:
             unit_costs = spec.measure_unit_costs(unit_costs, k_max=4, reps=3)
         elif isinstance(unit_costs, str) or hasattr(unit_costs, "__fspath__"):
             b = load_bench(unit_costs)
-            source = f"{b.path} [{b.section}]: {b.model}, {b.provenance}"
+            source = f"{_shown_path(b.path)} [{b.section}]: {b.model}, {b.provenance}"
             unit_costs, measured = b.units, (b.runs if measured is None else measured)
             own = b.acceptance.get(pairing or spec.Pairing.ARTICLE)
             if profile is None and own:
@@ -86,9 +100,8 @@ class CostExplorer:
         controls = W.VBox([W.HBox([W.VBox([c["a1"], c["a2"], c["a3"], c["a4"]]),
                                    W.VBox([c["k"], c["step"], c["draft"], c["mark"], c["rollback"], self.reset])]),
                            c["pairing"], c["policy"], self.note])
-        self.widget = W.VBox([controls, side_by_side(self.views["surface"], self.views["phase"], (55, 45)),
-                              self.table])
-        self.widget.app = self
+        self.widget = AppBox.build([controls, side_by_side(self.views["surface"], self.views["phase"], (55, 45)),
+                                    self.table], self, TEXT_FORM)
         self.update()
 
     def units(self):

@@ -105,8 +105,10 @@ def cost_surface_figure(unit_costs, policy="replay", pairing="article", measured
     pts = measured_points(measured, policy, pairing)
     fig.add_scatter(x=[p["k"] for p in pts], y=[p["alpha"] for p in pts], mode="markers+text", name="measured",
                     text=[f"{p['speedup']:.2f}×" for p in pts], textposition="middle right",
-                    marker=dict(size=15, color=[p["speedup"] for p in pts], coloraxis="coloraxis",
-                                line=dict(width=2, color="black")),
+                    # the marker's own colour scale (the surface's, same range): a marker coloured
+                    # through the shared coloraxis was drawn black in the legend and on hover
+                    marker=dict(size=15, color=[p["speedup"] for p in pts], colorscale=_speedup_scale(cmax),
+                                cmin=0.0, cmax=cmax, showscale=False, line=dict(width=2, color="black")),
                     customdata=[p["label"] for p in pts],
                     hovertemplate="%{customdata}<br>α_eq=%{y:.2f}: measured %{text}<extra></extra>")
     return fig

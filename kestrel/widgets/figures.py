@@ -9,13 +9,18 @@ from .runs import as_runs, hist_item
 
 PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
                 "replay": "#e377c2", "sync": "#8c564b", "bookkeeping": "#7f7f7f", "tail": "#bcbd22"}
-POLICY_COLORS = {"replay": "#d62728", "flex-replay": "#ff7f0e", "checkpoint": "#2ca02c"}
+POLICY_COLORS = {"replay": "#d62728", "flex-replay": "#ff7f0e", "checkpoint": "#2ca02c", "input-cache": "#17becf"}
 TAIL_DOC = "tail: plain M=1 steps after the last round (strict batch, fewer than k left)"
 
 
 def layout_fig(title, height, margin=None, **layout):
     from ..plots import figure
     fig = figure(title, height=height, **layout)
+    legend = layout.get("legend") or {}
+    if title and legend.get("orientation") == "h" and (legend.get("y") or 0) >= 1:
+        # a legend row above the plot: the title goes above the legend, not under it
+        fig.update_layout(title=dict(yref="container", y=0.985, yanchor="top"),
+                          margin=dict(t=max(fig.layout.margin.t or 0, 100)))
     if margin:
         fig.update_layout(margin=margin)
     return fig
@@ -117,13 +122,26 @@ def speedup_figure(runs, *, names=None, predicted=None, title: str | None = None
     else:
         pred = [None if v.predicted else v.run.predicted_speedup for v in rs]
     sp = [v.run.speedup for v in rs]
-    fig = layout_fig(title, height, yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"),
+    top = max([x for x in sp + pred if x is not None] + [1.0])
+    fig = layout_fig(title, height, yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero",
+                                               range=[0, top * 1.18]),
                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
-    fig.add_bar(x=labels, y=sp, name="measured", marker_color=[POLICY_COLORS.get(v.run.policy.name, "#888") for v in rs],
-                text=[("n/a" if x is None else f"{x:.2f}×") for x in sp], textposition="outside", cliponaxis=False)
+    colors = [POLICY_COLORS.get(v.run.policy.name, "#888") for v in rs]
+    fig.add_bar(x=labels, y=sp, name="measured", marker_color=colors, showlegend=False,
+                hovertemplate="%{x}: measured %{y:.3f}×<extra></extra>")
     if any(p is not None for p in pred):
+        # a short black line across the bar: it marks the prediction without hiding a label
         fig.add_scatter(x=labels, y=pred, mode="markers", name="predicted (cost model)",
-                        marker=dict(symbol="diamond-open", size=14, line=dict(width=2.5, color="black")))
+                        marker=dict(symbol="line-ew-open", size=30, line=dict(width=3, color="black")),
+                        hovertemplate="%{x}: predicted %{y:.3f}×<extra></extra>")
+    # value labels above the higher of bar and prediction, so neither covers them
+    tops = [max(x or 0, p or 0) for x, p in zip(sp, pred)]
+    fig.add_scatter(x=labels, y=tops, mode="text", showlegend=False, hoverinfo="skip", cliponaxis=False,
+                    text=[("n/a" if x is None else f"{x:.2f}×") for x in sp], textposition="top center",
+                    name="measured value")
+    for pol in dict.fromkeys(v.run.policy.name for v in rs):      # the colour key, one entry a policy
+        fig.add_bar(x=[None], y=[None], name=f"policy {pol}", marker_color=POLICY_COLORS.get(pol, "#888"),
+                    hoverinfo="skip")
     fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
                   annotation_position="top left")
     return fig

@@ -12,7 +12,9 @@ def add_player(fig, names, active, prefix, duration=300):
                   args=[[nm], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
              for nm in names]
     fig.update_layout(
-        sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix=prefix), pad=dict(t=45), x=0.14, len=0.86)],
+        # the slider's value is written at its right end: at its left it sat under the buttons
+        sliders=[dict(active=active, steps=steps, pad=dict(t=45), x=0.16, len=0.84,
+                      currentvalue=dict(prefix=prefix, xanchor="right", font=dict(size=13)))],
         updatemenus=[dict(type="buttons", showactive=False, direction="left", x=0.0, y=0, xanchor="left",
                           yanchor="top", pad=dict(t=55, r=10),
                           buttons=[dict(label="▶", method="animate",

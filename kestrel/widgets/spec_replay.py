@@ -8,7 +8,11 @@ from ..spec.records import phase_totals
 from . import cache
 from .figures import hist_figure, phase_figure, round_figure
 from .runs import hist_item
-from .view import FigView, esc, side_by_side
+from .view import AppBox, FigView, esc, side_by_side
+
+TEXT_FORM = ("spec_replay: a live widget (choose the model, k, T, the start, the drafter and the policy, "
+             "then Run). Run this cell in a live kernel to use it; kestrel.widgets.replay_frames_figure "
+             "replays a recorded run without one.")
 
 ARTICLE_HIST_TEXT = spec.format_hist(spec.ARTICLE_HIST, labels=False)
 
@@ -105,8 +109,7 @@ class SpecReplay:
                            W.HBox([self.button, self.status]), self.note])
         figs = W.VBox([side_by_side(self.views["hist"], self.views["phase"], (45, 55)), self.views["rounds"].widget,
                        self.log])
-        self.widget = W.VBox([controls, figs])
-        self.widget.app = self
+        self.widget = AppBox.build([controls, figs], self, TEXT_FORM)
         if run:
             self.run()
 

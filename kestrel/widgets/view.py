@@ -15,6 +15,8 @@ class FigView:
             try:
                 import plotly.graph_objects as go
                 self.fw = go.FigureWidget(fig)
+                from ..plots import PLOT_CONFIG
+                self.fw._config = dict(PLOT_CONFIG)
             except ImportError:
                 self.fw = None
         if self.fw is not None:
@@ -62,11 +64,84 @@ class FigView:
             fw.update_layout(lay)
 
 
+# A live plotly figure draws itself once, at the width its box has at that moment (plotly's 700 px
+# default when the box is not laid out yet), and afterwards follows only window resizes. This
+# invisible widget watches the box it sits in and, whenever that box is laid out or changes
+# width, tells the page its size changed, so every figure in the box takes the box's width.
+_FIT_ESM = r"""
+export default {
+  render({ el }) {
+    el.style.cssText = "width:100%;height:0;overflow:hidden";
+    let last = -1, timer = null;
+    const nudge = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => window.dispatchEvent(new Event("resize")), 60);
+    };
+    const ro = new ResizeObserver((entries) => {
+      const w = Math.round(entries[0].contentRect.width);
+      if (w !== last) { last = w; nudge(); }
+    });
+    ro.observe(el);
+    const late = [300, 1000, 2500].map((ms) => setTimeout(nudge, ms));
+    return () => { ro.disconnect(); late.forEach(clearTimeout); clearTimeout(timer); };
+  },
+};
+"""
+
+
+def fit_figures():
+    """An invisible widget that makes the live figures of the box it is put in fill their boxes
+    (None when anywidget is missing: the figures then keep the width they were drawn at)."""
+    try:
+        import anywidget
+    except ImportError:
+        return None
+
+    class FitFigures(anywidget.AnyWidget):
+        _esm = _FIT_ESM
+
+    return FitFigures()
+
+
+class AppBox:
+    """Builds the top VBox of a widget app: its children, an invisible figure fitter, a short
+    text for where no widget can be drawn, and `.app` pointing back at the app."""
+
+    @staticmethod
+    def build(children, app, text: str):
+        import ipywidgets as W
+        fit = fit_figures()
+        box = _labelled_vbox(text)(children + ([fit] if fit is not None else []),
+                                   layout=W.Layout(width="100%"))
+        box.app = app
+        return box
+
+
+_VBOX_CLASSES: dict = {}
+
+
+def _labelled_vbox(text: str):
+    """A VBox whose text form (shown where widgets cannot be drawn: a notebook opened without a
+    kernel and without saved widget state, a terminal) says what it is, instead of
+    `VBox(children=(...`."""
+    if text not in _VBOX_CLASSES:
+        import ipywidgets as W
+
+        class VBox(W.VBox):          # an ipywidgets VBox in every other respect
+            def __repr__(self):
+                return text
+
+        _VBOX_CLASSES[text] = VBox
+    return _VBOX_CLASSES[text]
+
+
 def side_by_side(a: FigView, b: FigView, widths=(50, 50)):
-    """Two figures in one row, each in a box of its share of the width (plotly fills its box)."""
+    """Two figures in one row, each in a box of its share of the width. The boxes are blocks, not
+    flex rows: a figure in a flex row keeps the width it was first drawn at, in a block it takes
+    the box's width when it is resized (see fit_figures)."""
     import ipywidgets as W
-    return W.HBox([W.Box([v.widget], layout=W.Layout(width=f"{w}%")) for v, w in zip((a, b), widths)],
-                  layout=W.Layout(width="100%"))
+    return W.HBox([W.Box([v.widget], layout=W.Layout(width=f"{w}%", display="block", overflow="hidden"))
+                   for v, w in zip((a, b), widths)], layout=W.Layout(width="100%"))
 
 
 def html_table(rows, head) -> str:
