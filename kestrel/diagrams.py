@@ -198,7 +198,8 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
               else "time in M=1 steps: schematic, not measured")
     fig = figure(title, height=height, barmode="overlay", bargap=0.35,
                  xaxis=dict(title=xtitle, rangemode="tozero", zeroline=False),
-                 yaxis=dict(autorange="reversed", categoryorder="array", categoryarray=ylabels, title=None),
+                 yaxis=dict(range=[len(rows) - 0.5, -0.9], categoryorder="array", categoryarray=ylabels,
+                            title=None),                # headroom above the first row for short labels
                  legend=dict(orientation="h", yanchor="top", y=-62 / (height - 70 - bottom), x=0,
                              traceorder="normal"),
                  uniformtext=dict(minsize=9, mode="hide"), hovermode="closest")
@@ -355,7 +356,7 @@ class _Canvas:
             ts = [t for t in self.texts if t[5] == anchor]
             fig.add_scatter(x=[t[0] for t in ts], y=[t[1] for t in ts], text=[t[2] for t in ts], mode="text",
                             textposition=anchor, textfont=dict(size=[t[3] for t in ts], color=[t[4] for t in ts]),
-                            hoverinfo="skip", showlegend=False, name=f"labels ({anchor})")
+                            hoverinfo="skip", showlegend=False, name=f"labels ({anchor})", cliponaxis=False)
         for role in legend_roles:            # the colour key
             fill, line, width, dash = ROLE_STYLE[role]
             fig.add_scatter(x=[None], y=[None], mode="markers", name=ROLE_DOC[role], legendgroup=role,
@@ -409,7 +410,7 @@ def _finalise_text(policy: str, k: int, n_ok: int) -> str:
 
 
 def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = None, policy: str = "checkpoint",
-               *, cfg=None, title: str | None = None, height: int = 460):
+               *, cfg=None, title: str | None = None, height: int | None = None):
     """The GDN state ring of `nslots` slots (the engine holds mmax + 1) with its live slot.
 
     'checkpoint': the k slots a checkpointed verify writes (row j -> slot (live + 1 + j) mod
@@ -455,20 +456,21 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
         cx += 2 * (R + h) + 1.3
     # beside the rings: the live state and what the policy keeps, to scale (cfg) or schematic
     s_bytes = recurrent_bytes(cfg) if cfg is not None else None
-    x0, W = cx - R - h - 0.2, 3.0
+    below = len(stages) > 1                            # two rings: the bytes go under them
+    x0, W = (-R - h, cx - 1.3 - (-R - h) - 3.0) if below else (cx - R - h - 0.2, 3.0)
     if pol.name == "checkpoint":
         unit, per = 1.0, s_bytes
         kept = [f"row {j}: a whole state" for j in range(k)]
     elif pol.name == "input-cache":
         unit = (cached_row_bytes(cfg) / s_bytes) if cfg is not None else 0.08
         per = cached_row_bytes(cfg) if cfg is not None else None
-        kept = [f"row {j}: inputs of d{j + 1} (q, k, v, z, β, g)" for j in range(k)]
+        kept = [f"row {j} (d{j + 1})" for j in range(k)]
     else:
         unit, per = 1.0, s_bytes
         kept = ["mark(): one copy of the state"]
     n_bars = 1 + len(kept)
     bar_h, gap = min(0.34, 2.2 / n_bars), 0.14
-    y = R + h - 0.35
+    y = -R - h - 1.25 if below else R + h - 0.35
     cv.text(x0, y + 0.45, "kept beside the live state", size=12, anchor="top right")
     cv.rect(x0, y - bar_h, x0 + W, y, "live", "bytes: the live state")
     cv.text(x0, y + 0.03, "live state S + conv window" + (f": {_fmt_bytes(s_bytes)}" if s_bytes else ""), size=10,
@@ -493,12 +495,16 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
         kept_total = pol.state_traffic(cfg, k, k)["kept"]
         note = f"{cfg.name}, to scale: {_fmt_bytes(kept_total)} kept, {kept_total / s_bytes:.2g}× the state"
         if pol.name == "input-cache":
-            note += f"<br>({_fmt_bytes(cached_row_bytes(cfg) / max(1, len(cfg.gdn_layers)))} a row per GDN layer)"
+            note += (f"<br>a row: q|k|v, z, b, a of each GDN layer, "
+                     f"{_fmt_bytes(cached_row_bytes(cfg) / max(1, len(cfg.gdn_layers)))} a layer")
     else:
         note = "lengths schematic: pass cfg= (a Config) for bytes to scale"
     cv.text(x0, y, note, size=10, color="#666", anchor="middle right")
-    xr = (-R - h - 0.3, x0 + W + 3.9)
+    right = cx - 1.3 if below else x0 + W + (3.9 if pol.name == "checkpoint" else 2.9)
+    xr = (-R - h - 0.3, max(right, x0 + W + 2.6))
     yr = (min(-R - h - 0.3, y - 0.5), R + h + 0.75)
+    if height is None:                                 # about as tall as a ~700 px wide page needs
+        height = int(150 + 700 * (yr[1] - yr[0]) / (xr[1] - xr[0]))
     used = {c["role"] for c in cv.rects}
     roles_used = [r for r in ROLE_DOC if r in used]
     if title is None:
@@ -614,8 +620,8 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     xr, yr = (lo - 0.2, hi + 0.2), (ys[5] - 0.7, 1.1)
     pairing_note = {"article": "article pairing: k MTP steps, rows keep the draft-time hiddens",
                     "trained": "trained pairing: d1 free, k-1 MTP steps, rows past p rewritten from verified hiddens"}
-    title = title or (f"Cursors through one round: verify at {pos}, k = {k}, n_ok = {n} -> cursor {after}; "
-                      f"MTP {m0} -> {m_after}")
+    title = title or (f"Cursors through one round: verify at {pos}, k = {k}, n_ok = {n} → cursor {after}; "
+                      f"MTP {m0} → {m_after}")
     fig = cv.figure(title, height, xr, yr, [], equal=False)
     legend_doc = {"live": "main KV row, visible", "written": "row a verify or draft wrote",
                   "selected": "row kept (visible after the round)", "discarded": "row past the cursor: invisible, "

@@ -342,3 +342,83 @@ def test_every_diagram_bundles_offline(rng):
         assert b["text/plain"].startswith("<plotly figure: ")
         legend = [t.name for t in fig.data if t.showlegend is not False and t.name]
         assert legend, "every diagram has a colour key"
+
+
+# ---- kestrel.undo: the chapter's numbers --------------------------------------------------------------
+def test_undo_storage_follows_the_formulas():
+    from kestrel import undo
+    from kestrel.config import load_config
+    cfgs = {"tiny": load_config(kestrel.ASSETS / "tiny"), "27b": kestrel.PRESETS["qwen3.5-27b"]}
+    for k in (1, 3, 4):
+        for row, cfg in zip(undo.storage_rows(cfgs, k=k), cfgs.values()):
+            b = row["_bytes"]
+            assert b["state"] == cfg.gdn_state_bytes + cfg.conv_state_bytes
+            assert (b["replay"], b["checkpoint"], b["input-cache"]) == (b["state"], k * b["state"], k * b["row"])
+    text = undo.storage_table(cfgs, k=3)
+    assert "per-row checkpoints: 3 copies" in text and "149.6 MiB" in text and "448.9 MiB" in text
+
+
+def test_undo_fits_is_the_largest_batch_that_fits():
+    from kestrel import undo
+    from kestrel.spec.cost import serving_projection
+    cfg = kestrel.PRESETS["qwen3.5-27b"]
+    mem = 141e9
+    for row in undo.fits_rows(cfg, mem, k=3, contexts=(4096, 65536)):
+        for L in (4096, 65536):
+            B = row[f"L = {L // 1024}K"]
+            fit = [r for r in serving_projection(cfg, 3, spec.mean_nok(spec.E16_PROFILE, 3, "trained"),
+                                                 batches=(B, B + 1), contexts=(L,)) if r["policy"] == row["policy"]]
+            assert fit[0]["memory_bytes"] <= mem < fit[1]["memory_bytes"], (row, L)
+
+
+def test_undo_memcmp():
+    from kestrel.undo import _memcmp
+    assert _memcmp([1, 2, 3], [1, 2, 3]) == 0
+    assert _memcmp([1, 2, 3], [1, 2, 4]) == -1 and _memcmp([1, 5, 3], [1, 2, 3]) == 1
+    assert _memcmp([1, 2], [1, 2, 3]) == -1
+
+
+def test_undo_fold_and_matrix_on_a_random_model(model_a, rng):
+    from kestrel import undo
+    V = model_a.cfg.vocab_size
+    prompt = [int(t) for t in rng.integers(0, V, 6)]
+    drafts = [int(t) for t in rng.integers(0, V, 3)]
+    for n in range(4):
+        assert undo.fold_matches_steps(model_a, prompt, drafts, n) == {"S": True, "conv": True, "kv": True,
+                                                                      "cursor": True}
+    m = undo.bit_exact_matrix(model_a, [prompt], T=8, ks=(1, 2))
+    assert sorted(m) == [(d, k, 0) for d in ("mtp", "mtp-article", "replay") for k in (1, 2)]
+    assert set(m.values()) == {0}
+
+
+def test_undo_time_policies_and_figures(model_a, rng):
+    from kestrel import plots, undo
+    V = model_a.cfg.vocab_size
+    starts = [[int(t) for t in rng.integers(0, V, 5)] for _ in range(2)]
+    u = spec.measure_unit_costs(model_a, k_max=3, ctx=8, reps=2)
+    ts = undo.time_policies(model_a, starts, T=8, k=2, repeats=2, units=u)
+    assert [t.policy for t in ts] == list(diagrams.POLICY_NAMES)
+    for t in ts:
+        assert len(t.summaries) == 2 and len(t.predicted_ms_per_token) == 2 and t.bit_exact
+        assert all(s.T == 16 and s.runs == 2 for s in t.summaries)
+        med, lo, hi = t.spread(t.ms)
+        assert lo <= med <= hi and t.row()["exact"] is True
+    assert "Plotly.newPlot" in plots.bundle(undo.timing_figure(ts))["text/html"]
+    with pytest.raises(spec.SpecArgumentError, match="repeats"):
+        undo.time_policies(model_a, starts, T=8, k=2, repeats=0)
+
+
+def test_undo_large_comparison_from_the_results_file():
+    from kestrel import results, undo
+    try:
+        results.load("bench_spec")
+    except FileNotFoundError:
+        pytest.skip("results/bench_spec.json is not there")
+    big = undo.large_comparison(live=False)
+    assert not big["live"] and "results/bench_spec.json" in big["source"]
+    assert big["rows"] and {r["policy"] for r in big["rows"]} <= set(diagrams.POLICY_NAMES)
+    for r in big["rows"]:
+        assert r["ms"][1] <= r["ms"][0] <= r["ms"][2] and r["state_per_token"]["read+written"] > 0
+    assert "k = 3" in undo.large_table(big)
+    with pytest.raises(spec.SpecArgumentError, match="'memory' or 'bytes'"):
+        undo.projection_figure(kestrel.PRESETS["qwen3.5-27b"], "time")
