@@ -28,7 +28,8 @@ import platform
 import sys
 from typing import Any
 
-__all__ = ["show", "figure", "stamp", "provenance", "device_name", "table", "Spread", "spread", "repeat"]
+__all__ = ["show", "figure", "stamp", "provenance", "device_name", "table", "Spread", "spread", "repeat",
+           "print_wrapped"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 DEFAULT_HEIGHT = 420
@@ -90,6 +91,17 @@ def show(fig, *, include_json: bool = True) -> None:
     from IPython.display import display
 
     display(bundle(fig, include_json=include_json), raw=True)
+
+
+# --------------------------------------------------------------------------- text
+
+TEXT_WIDTH = 88           # the longest line a chapter prints (it fits the book's page)
+
+
+def print_wrapped(text: str, width: int = TEXT_WIDTH) -> None:
+    """Print a long line (a provenance line, a command) wrapped to the page's width."""
+    import textwrap
+    print(textwrap.fill(str(text), width, subsequent_indent="    ", break_on_hyphens=False))
 
 
 # --------------------------------------------------------------------------- tables
@@ -215,18 +227,34 @@ def provenance(device: Any = None, when: _dt.datetime | None = None) -> dict:
     }
 
 
-PROVENANCE_PX = 22        # the strip at the bottom of a figure that holds its provenance line
+PROVENANCE_PX = 14        # the height of one line of a provenance strip, px
+PROVENANCE_CHARS = 110    # a longer provenance line is broken in two (at " by ", else at a space)
+
+
+def _provenance_lines(line: str) -> list:
+    if len(line) <= PROVENANCE_CHARS:
+        return [line]
+    cut = line.find(" by ")
+    if cut < 0 or cut > PROVENANCE_CHARS:
+        cut = line.rfind(" ", 0, PROVENANCE_CHARS)
+    if cut <= 0:
+        return [line]
+    return [line[:cut], line[cut:].strip()]
 
 
 def annotate_provenance(fig, line: str) -> None:
-    """Write a provenance line into a figure: small grey text along its bottom edge, right-aligned,
-    in a strip added below everything else (above the plot it sat on titles and subplot titles)."""
+    """Write a provenance line into a figure: small grey text along its bottom-left edge, in a
+    strip added below everything else (above the plot it sat on titles and subplot titles), and
+    broken in two when it is long, so that it never runs off the figure."""
+    lines = _provenance_lines(line)
     m = fig.layout.margin
-    bottom = (m.b if m is not None and m.b is not None else 80) + PROVENANCE_PX
+    left = m.l if m is not None and m.l is not None else 80
+    strip = PROVENANCE_PX * len(lines) + 8
+    bottom = (m.b if m is not None and m.b is not None else 80) + strip
     fig.update_layout(margin=dict(b=bottom))
-    fig.add_annotation(text=line, xref="paper", yref="paper", x=1.0, y=0.0,
-                       xanchor="right", yanchor="bottom", yshift=-bottom + 3, showarrow=False,
-                       font=dict(size=10, color="#777"))
+    fig.add_annotation(text="<br>".join(lines), xref="paper", yref="paper", x=0.0, y=0.0,
+                       xanchor="left", yanchor="bottom", xshift=-left + 4, yshift=-bottom + 3,
+                       align="left", showarrow=False, font=dict(size=10, color="#777"))
 
 
 def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
