@@ -90,6 +90,19 @@ class Drafter:
     def _tok(self, j, d):
         return d if self.forced is None else self.forced[j]
 
+    def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False) -> list:
+        """Draft j = j0..k-1 by the MTP chain: mtp_step(q, x, h) -> d_j, then x = d_j, h = its
+        hidden, q + 1. keep: record each row's inputs (the article pairing re-appends them)."""
+        for j in range(j0, k):
+            if keep:
+                self._x.append(x)
+                self._h.append(h)
+            s = eng.mtp_step(q, x, h)
+            d = self._tok(j, int(self.be.argmax(s.logits)))
+            drafts.append(d)
+            x, h, q = d, s.hidden, q + 1
+        return drafts
+
 
 class MTPArticleDrafter(Drafter):
     name, pairing = "mtp-article", Pairing.ARTICLE
@@ -100,18 +113,9 @@ class MTPArticleDrafter(Drafter):
             eng.mtp_step(0, list(tokens[:P - 1]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
-        be = self.be
-        x, h, q = ctx.t_p, ctx.h_p, q0
-        self._x, self._h, drafts = [], [], []
-        for j in range(k):
-            self._x.append(x)
-            self._h.append(h)
-            s = eng.mtp_step(q, x, h)
-            d = self._tok(j, int(be.argmax(s.logits)))
-            drafts.append(d)
-            x, h, q = d, s.hidden, q + 1
+        self._x, self._h = [], []
         self.q0 = q0
-        return drafts
+        return self._chain(eng, [], ctx.t_p, ctx.h_p, q0, 0, k, keep=True)
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
         adv = len(consumed)
@@ -142,19 +146,12 @@ class MTPDrafter(Drafter):
             eng.mtp_step(0, list(tokens[1:P]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
-        be = self.be
         d1 = self._tok(0, ctx.a_p)
         drafts = [d1]
         x = ctx.t_p if self.feed == "article-pairing" else d1
         h = ctx.h_prev if self.feed == "stale-hidden" else ctx.h_p
-        q = q0
-        for j in range(1, k):
-            s = eng.mtp_step(q, x, h)
-            d = self._tok(j, int(be.argmax(s.logits)))
-            drafts.append(d)
-            x, h, q = d, s.hidden, q + 1
         self.q0 = q0
-        return drafts
+        return self._chain(eng, drafts, x, h, q0, 1, k)
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
         adv = len(consumed)

@@ -85,6 +85,16 @@ class Policy:
         raise SpecArgumentError(f"unknown policy {x!r}; known: {tuple(POLICIES)}")
 
 
+def _accepted_rows(eng, s, p, consumed, n_ok, lap) -> Finalised:
+    """After an undo that kept the verify's first n_ok rows: those rows, or, with n_ok == 0,
+    the one M=1 step that consumes a_p."""
+    if n_ok >= 1:
+        return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
+    s1 = eng.step(p + 1, consumed[0])
+    lap("replay")
+    return Finalised(s1.hidden.reshape(1, -1), s1.logits)
+
+
 def _keep(s, k) -> Finalised:
     return Finalised(s.hidden[:k], s.logits[k - 1])
 
@@ -169,11 +179,7 @@ class CheckpointPolicy(Policy):
     def finalise(self, eng, s, p, consumed, n_ok, k, lap):
         eng.select_checkpoint(n_ok)                 # slot n_ok (0: the untouched original)
         lap("rollback")
-        if n_ok >= 1:
-            return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
-        s1 = eng.step(p + 1, consumed[0])
-        lap("replay")
-        return Finalised(s1.hidden.reshape(1, -1), s1.logits)
+        return _accepted_rows(eng, s, p, consumed, n_ok, lap)
 
     def cost(self, u, k, n):
         c = {"verify": u.get("ckpt", k), "rollback": u.select}
@@ -200,11 +206,7 @@ class InputCachePolicy(Policy):
     def finalise(self, eng, s, p, consumed, n_ok, k, lap):
         eng.fold_cached(n_ok)                       # n_ok == 0: nothing to fold
         lap("rollback")
-        if n_ok >= 1:
-            return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
-        s1 = eng.step(p + 1, consumed[0])
-        lap("replay")
-        return Finalised(s1.hidden.reshape(1, -1), s1.logits)
+        return _accepted_rows(eng, s, p, consumed, n_ok, lap)
 
     def priced_by(self, u):
         return bool(u.cached) and bool(u.fold)
