@@ -121,6 +121,18 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def legend_below(fig, legend_px: int, axis_px: int = 50, *, left: int | None = None, right: int = 20):
+    """Put the legend (horizontal) under the plot, anchored to the figure's bottom edge rather than
+    to the plot area, leaving room below it for a provenance strip (kestrel.plots adds one there
+    later, which shrinks the plot but cannot move the legend onto it)."""
+    h = fig.layout.height or 420
+    reserve = 44                                     # the provenance strip, one or two lines
+    fig.update_layout(legend=dict(orientation="h", yref="container", yanchor="bottom", y=reserve / h, x=0,
+                                  xanchor="left", traceorder="normal"),
+                      margin=dict(b=reserve + legend_px + axis_px, r=right, **({} if left is None else {"l": left})))
+    return fig
+
+
 # ---- a round as segments ---------------------------------------------------------------------------
 PHASE_LABELS = {
     "draft": "draft (MTP steps)",
@@ -191,19 +203,17 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     colors = _phase_colors()
     colors["greedy"] = "#444444"
     ylabels = [r[0] for r in rows]
-    height = height or (230 + 56 * len(rows))
-    bottom = 150                                   # axis title, then a 3-line legend below it
+    height = height or (250 + 72 * len(rows))
     unit = "ms" if measured else "× one step"
     xtitle = (f"ms (unit costs measured on {u.meta.get('device', 'the device')})" if measured
               else "time in M=1 steps: schematic, not measured")
-    fig = figure(title, height=height, barmode="overlay", bargap=0.35,
+    fig = figure(title, height=height, barmode="overlay", bargap=0.5,
                  xaxis=dict(title=xtitle, rangemode="tozero", zeroline=False),
                  yaxis=dict(range=[len(rows) - 0.5, -0.9], categoryorder="array", categoryarray=ylabels,
                             title=None),                # headroom above the first row for short labels
-                 legend=dict(orientation="h", yanchor="top", y=-62 / (height - 70 - bottom), x=0,
-                             traceorder="normal"),
                  uniformtext=dict(minsize=9, mode="hide"), hovermode="closest")
-    fig.update_layout(margin=dict(l=110, r=100, t=70, b=bottom))
+    fig.update_layout(margin=dict(t=70))
+    legend_below(fig, 90, 50, left=110, right=100)
     by_phase: dict = {}
     totals, small = [], []
     longest = max([sum(m for _, _, m in segs) for _, segs in rows] + [1e-12])
@@ -230,9 +240,10 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     fig.add_scatter(x=[t for _, t in totals], y=[y for y, _ in totals], mode="text", name="round total",
                     text=[f"  {t:.3g} {unit}" for _, t in totals], textposition="middle right",
                     showlegend=False, hoverinfo="skip", cliponaxis=False)
-    for x, ylab, text in small:
-        fig.add_annotation(x=x, y=ylab, text=text, showarrow=True, arrowhead=0, ax=0, ay=-24,
-                           font=dict(size=10, color="#a05000"), arrowcolor="#a05000", yshift=12)
+    for x, ylab, text in small:                    # just above its bar: the bar is half of a row
+        fig.add_annotation(x=x, y=ylab, text="▼ " + text, showarrow=False, yanchor="bottom", xanchor="left",
+                           xshift=-5, yshift=0.25 * (height - 254) / (len(rows) + 0.4) + 1,
+                           font=dict(size=10, color="#a05000"))
     if not measured:
         fig.add_annotation(text="schematic lengths (not measured): pass unit_costs= for measured ones",
                            xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom",
@@ -338,9 +349,9 @@ class _Canvas:
 
     def figure(self, title, height, xr, yr, legend_roles, equal=True, **layout):
         from .plots import figure
-        fig = figure(title, height=height, showlegend=bool(legend_roles),
-                     legend=dict(orientation="h", yanchor="top", y=-0.02, x=0), **layout)
-        fig.update_layout(margin=dict(l=20, r=20, t=70, b=70), plot_bgcolor="white")
+        fig = figure(title, height=height, showlegend=bool(legend_roles), **layout)
+        fig.update_layout(margin=dict(l=20, r=20, t=70), plot_bgcolor="white")
+        legend_below(fig, 24 * ((len(legend_roles) + 2) // 3), 6, left=20)
         fig.update_xaxes(visible=False, range=list(xr))
         fig.update_yaxes(visible=False, range=list(yr))
         if equal:
@@ -630,8 +641,8 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
         fill, line, width, dash = ROLE_STYLE[role]
         fig.add_scatter(x=[None], y=[None], mode="markers", name=legend_doc[role], legendgroup=role,
                         marker=dict(symbol="square", size=14, color=fill, line=dict(color=line, width=2)))
-    fig.update_layout(showlegend=True, legend=dict(orientation="h", yanchor="top", y=-50 / (height - 200), x=0),
-                      margin=dict(l=170, r=20, t=70, b=130))
+    fig.update_layout(showlegend=True, margin=dict(t=70))
+    legend_below(fig, 70, 56, left=170)
     for name, i, c in markers:
         y = ys[i]
         fig.add_scatter(x=[c, c], y=[y - 0.55, y + 0.55], mode="lines", name=name, showlegend=False,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import spec
-from .diagrams import POLICY_NAMES, _fmt_bytes, _policy_color
+from .diagrams import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
            "bit_exact_matrix", "gpu_holds", "large_comparison", "large_table", "projection_figure",
@@ -180,7 +180,7 @@ def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", sche
     return list(out.values())
 
 
-def timing_figure(timings: list, *, title: str | None = None, height: int = 460):
+def timing_figure(timings: list, *, title: str | None = None, height: int = 520):
     """ms per token by phase for each policy (the median repeat's phases, stacked), the range of
     the repeats' totals as an error bar, greedy decoding's median and range beside, and the cost
     model's prediction as a marker where it was priced."""
@@ -188,8 +188,9 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 460)
     from .widgets.figures import PHASE_COLORS
     labels = [f"{t.policy}<br>({WAYS.get(t.policy, t.policy)})" for t in timings]
     fig = figure(title, height=height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
-                 legend=dict(orientation="h", yanchor="top", y=-0.2, x=0), hovermode="closest")
-    fig.update_layout(margin=dict(l=60, r=20, t=70, b=150))
+                 hovermode="closest")
+    fig.update_layout(margin=dict(t=70))
+    legend_below(fig, 100, 50, left=60)
     meds = [t.median_summary for t in timings]
     for ph in spec.PHASES:
         fig.add_bar(x=labels, y=[m.phase_ms_per_token.get(ph, 0.0) for m in meds], name=ph,
@@ -387,7 +388,7 @@ def projection_rows(cfg, k: int = 3, n: float | None = None, batches=(1, 4, 16, 
 
 def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = None,
                       batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(4096, 32768, 131072), *,
-                      device_bytes: float | None = None, height: int = 430):
+                      device_bytes: float | None = None, height: int = 460):
     """A projection of the byte formulas (spec.cost.serving_projection), not a measurement, for
     B sequences decoding together. what='memory': the memory held (weights + every sequence's
     live state, what its policy keeps and its KV cache of L tokens), one panel per context L;
@@ -431,8 +432,8 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], tickangle=0)
     fig.update_xaxes(title="sequences decoding together (B)", row=1, col=(len(contexts) + 1) // 2 if what == "memory"
                      else 1)
-    fig.update_layout(template="plotly_white", height=height, margin=dict(l=70, r=20, t=90, b=110),
-                      title=title, legend=dict(orientation="h", yanchor="top", y=-0.28, x=0))
+    fig.update_layout(template="plotly_white", height=height, margin=dict(t=90), title=title)
+    legend_below(fig, 48, 56, left=70)
     return fig
 
 
@@ -460,13 +461,13 @@ def device_memory() -> tuple:
     return float(props["memory_bytes"]), props.get("name") or d.get("device", "?")
 
 
-def large_figure(big: dict, *, title: str | None = None, height: int = 430):
+def large_figure(big: dict, *, title: str | None = None, height: int = 460):
     """Speedup against greedy at the 27B shape, per schedule and policy (bars: the median; error
     bars: the range of the repeats when there were several), with 1× marked."""
     from .plots import figure
-    fig = figure(title, height=height, barmode="group", yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"),
-                 legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
-    fig.update_layout(margin=dict(l=60, r=20, t=80, b=110))
+    fig = figure(title, height=height, barmode="group", yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"))
+    fig.update_layout(margin=dict(t=80))
+    legend_below(fig, 48, 30, left=60)
     scheds = list(dict.fromkeys(f"{r['schedule']}, {r['pairing']} pairing" for r in big["rows"]))
     for pol in POLICY_NAMES:
         rs = {f"{r['schedule']}, {r['pairing']} pairing": r for r in big["rows"] if r["policy"] == pol}
