@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import spec
-from .diagrams import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
+from .diagrams.common import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
            "bit_exact_matrix", "gpu_holds", "large_comparison", "large_table", "projection_figure",
