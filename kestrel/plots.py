@@ -49,7 +49,9 @@ def figure(title: str | None = None, *, height: int = DEFAULT_HEIGHT, **layout: 
     fig.update_layout(template="plotly_white", height=height,
                       margin=dict(l=60, r=20, t=60 if title else 30, b=50), **layout)
     if title:
-        fig.update_layout(title=title)
+        # pinned to the top edge: a legend row above the plot then sits between title and plot
+        fig.update_layout(title=dict(text=title, yref="container", y=1.0, yanchor="top",
+                                     pad=dict(t=14)))
     return fig
 
 
@@ -158,6 +160,10 @@ class Spread:
         u = f" {unit}" if unit and not unit.startswith("×") else unit
         return (f"{self.median:{spec}}{u} ({self.lo:{spec}}..{self.hi:{spec}}, "
                 f"{self.n} run{'s' * (self.n != 1)})")
+
+    def short(self, spec: str = ".3f") -> str:
+        """'0.240 (0.231..0.262)': for a table whose header names the unit and the count."""
+        return f"{self.median:{spec}} ({self.lo:{spec}}..{self.hi:{spec}})"
 
     def __repr__(self):
         return f"Spread({self.fmt()})"

@@ -379,3 +379,96 @@ def test_results_and_records_name_no_build_machine():
              *(ROOT / "scripts").glob("*.sh"), *(ROOT / "scripts").glob("*.md"), ROOT / "README.md"]
     hits = [f"{p.relative_to(ROOT)}: {m.group(0)!r}" for p in files for m in _MACHINE.finditer(p.read_text())]
     assert not hits, "\n".join(hits[:20])
+
+
+# --------------------------------------------------------------------------- the chapters' form
+
+CHAPTERS_1_7 = sorted(p for p in NOTEBOOKS if re.match(r"ch0[1-7]_", p.name))
+LINE = 88          # the longest code or printed line that fits the page (book/_static/kestrel.css)
+
+
+def _cells(path, kind=None):
+    cells = json.loads(path.read_text())["cells"]
+    return [c for c in cells if kind is None or c["cell_type"] == kind]
+
+
+def _text_outputs(cell):
+    """The plain-text outputs the book shows (a stream, or text/plain without an HTML twin)."""
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            yield "".join(o.get("text", ""))
+        elif "text/html" not in o.get("data", {}) and "text/plain" in o.get("data", {}):
+            yield "".join(o["data"]["text/plain"])
+
+
+def test_chapters_1_to_7_are_present():
+    assert [p.name[:4] for p in CHAPTERS_1_7] == [f"ch0{i}" for i in range(1, 8)]
+
+
+@pytest.mark.parametrize("path", CHAPTERS_1_7, ids=[p.name for p in CHAPTERS_1_7])
+def test_code_and_printed_lines_fit_the_page(path):
+    long = []
+    for i, c in enumerate(_cells(path, "code")):
+        long += [f"cell {i} source: {ln!r}" for ln in "".join(c["source"]).splitlines() if len(ln) > LINE]
+        long += [f"cell {i} output: {ln!r}" for t in _text_outputs(c) for ln in t.splitlines()
+                 if len(ln) > LINE]
+    assert not long, f"{path.name}: lines longer than {LINE} characters:\n" + "\n".join(long[:10])
+
+
+@pytest.mark.parametrize("path", CHAPTERS_1_7, ids=[p.name for p in CHAPTERS_1_7])
+def test_plotting_code_is_collapsed(path):
+    """A cell that draws a figure shows the figure and hides its code behind a toggle."""
+    hidden = {"hide-input", "hide-cell", "remove-input"}
+    bare = [i for i, c in enumerate(_cells(path, "code"))
+            if re.search(r"\bshow(_animated)?\(", "".join(c["source"]))
+            and not hidden & set(c.get("metadata", {}).get("tags", []))]
+    assert not bare, f"{path.name}: figure cells with their code shown: {bare}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS_1_7, ids=[p.name for p in CHAPTERS_1_7])
+def test_chapter_ends_with_summary_and_exercises_with_answers(path):
+    cells = _cells(path)
+    md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
+    at = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+               and "## Summary" in "".join(c["source"])), None)
+    assert at is not None, f"{path.name}: no '## Summary' section"
+    text = "".join(cells[at]["source"])
+    assert "Exercises" in text and re.search(r"^\s*2\. ", text, re.M), \
+        f"{path.name}: the summary has no exercises (two or more)"
+    answers = [c for c in cells[at + 1:] if c["cell_type"] == "code"
+               and "hide-cell" in c.get("metadata", {}).get("tags", [])
+               and "".join(c["source"]).startswith("# Answer")]
+    n = len(re.findall(r"^\s*\d\. ", text, re.M))
+    assert len(answers) >= min(n, 2), f"{path.name}: {n} exercises, {len(answers)} answer cells"
+    for c in answers:
+        assert c.get("execution_count") is not None and not any(
+            o.get("output_type") == "error" for o in c.get("outputs", [])), \
+            f"{path.name}: an answer cell did not run cleanly"
+        assert c.get("outputs"), f"{path.name}: an answer cell shows nothing to check against"
+    assert any("glossary.md" in t for t in md), f"{path.name}: never links the glossary"
+
+
+@pytest.mark.parametrize("path", CHAPTERS_1_7, ids=[p.name for p in CHAPTERS_1_7])
+def test_widget_cells_say_what_they_are(path):
+    """Opened before running (no kernel, no saved widget state), a widget cell shows its text
+    form: it must say what the widget is, not `VBox(children=(...`."""
+    for i, c in enumerate(_cells(path, "code")):
+        for o in c.get("outputs", []):
+            data = o.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                text = "".join(data.get("text/plain", ""))
+                assert not text.startswith(("VBox(", "HBox(")), f"{path.name} cell {i}: {text[:60]!r}"
+                assert "live kernel" in text, f"{path.name} cell {i}: {text[:80]!r}"
+
+
+def test_wall_is_taught_as_measured():
+    """Chapters 1, 3 and 5 read the copy's cost from the engine benchmark (never typed in), and
+    chapter 5 no longer calls the verify cheap; chapter 7 names the n_ok = 0 step and links the
+    input-cache chapter."""
+    src = {p.name[:4]: "\n".join("".join(c["source"]) for c in _cells(p)) for p in CHAPTERS_1_7}
+    for ch in ("ch01", "ch03"):
+        assert 'results.load("bench_engine")' in src[ch], ch
+    assert "verify batch is cheap" not in src["ch05"] and "is cheap:" not in src["ch05"]
+    assert 'results.load("bench_spec")' in src["ch05"]
+    assert "n_{ok} = 0" in src["ch07"] and "ch08_three_ways.ipynb" in src["ch07"]
+    assert "input-cache" in src["ch07"]

@@ -1,23 +1,26 @@
-"""Open every built chapter in headless Chromium, offline, from file://, and check that
-each plotly figure was drawn (an ``svg.main-svg`` inside every ``.plotly-graph-div``),
-that math was typeset by the local MathJax, that no script threw, and that nothing tried
-to reach the network. Writes a full-page PNG per chapter to ``_build/screenshots/``.
+"""Open every built page in headless Chromium, offline, from file://, at 1280 and 1920 px, and
+check that each plotly figure was drawn (an ``svg.main-svg`` inside every ``.plotly-graph-div``),
+that math was typeset by the local MathJax, that no script threw, that nothing tried to reach
+the network, and that no code block or table is wider than the page (a block or table that is
+may only scroll inside its own box). Writes a full-page PNG per page and width to
+``_build/screenshots/``.
 
-Chromium is driven through the DevTools protocol over a pipe (``--remote-debugging-pipe``:
-JSON messages separated by NUL on fds 3/4), so no extra Python package is needed.
-Skips cleanly without a chromium binary (``apt-get install -y chromium``).
+The last test drives the two live widgets in JupyterLab with a live kernel
+(scripts/browser_widgets.py: press Run, drag a slider, check the figures changed) and writes
+its screenshots to ``_build/widget_screenshots/``.
+
+Chromium is driven through the DevTools protocol over a pipe (the client in
+scripts/browser_widgets.py), so no extra Python package is needed. Skips cleanly without a
+chromium binary (``apt-get install -y chromium``), and the widget test without JupyterLab.
 """
 from __future__ import annotations
 
 import base64
 import importlib.util
 import json
-import os
-import queue
 import shutil
 import subprocess
-import tempfile
-import threading
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
-WIDTH = 1280
+WIDTHS = (1280, 1920)      # a laptop and a desktop window
 MAX_HEIGHT = 16000          # cap on screenshot height (px)
 PAGE_TIMEOUT = 60.0         # seconds for a page to load and draw
 
@@ -90,119 +93,10 @@ def _ensure_built():
 
 # --------------------------------------------------------------------------- DevTools over a pipe
 
-class Browser:
-    """Minimal Chrome DevTools Protocol client over --remote-debugging-pipe."""
+sys.path.insert(0, str(ROOT / "scripts"))
+import browser_widgets  # noqa: E402  (the DevTools client and the JupyterLab driver)
 
-    def __init__(self, binary: str):
-        self.profile = tempfile.mkdtemp(prefix="kestrel-chromium-")
-        to_r, self._to_w = os.pipe()        # we write commands, chromium reads fd 3
-        self._from_r, from_w = os.pipe()    # chromium writes fd 4, we read
-        args = [
-            binary, "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", "--disable-quic", "--disable-extensions",
-            "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-            f"--user-data-dir={self.profile}",
-            # network off: no name resolves, and any proxied request goes to a dead port
-            "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=http://127.0.0.1:9",
-            "--remote-debugging-pipe", f"--window-size={WIDTH},900", "about:blank",
-        ]
-
-        # chromium reads commands on fd 3 and writes replies on fd 4: a shell puts the pipe
-        # ends there (no preexec_fn: not safe with threads)
-        shell = f'exec "$@" 3<&{to_r} 4>&{from_w} {to_r}<&- {from_w}>&-'
-        self.proc = subprocess.Popen(["bash", "-c", shell, "chromium", *args],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, pass_fds=(to_r, from_w))
-        os.close(to_r)
-        os.close(from_w)
-        self._id = 0
-        self._replies: dict[int, dict] = {}
-        self._events: "queue.Queue[dict]" = queue.Queue()
-        self._cv = threading.Condition()
-        self._stderr: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-
-    def _drain_stderr(self):
-        for line in iter(self.proc.stderr.readline, b""):
-            self._stderr.append(line.decode(errors="replace"))
-
-    def _read(self):
-        buf = b""
-        while True:
-            chunk = os.read(self._from_r, 1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\0" in buf:
-                raw, buf = buf.split(b"\0", 1)
-                msg = json.loads(raw)
-                if "id" in msg:
-                    with self._cv:
-                        self._replies[msg["id"]] = msg
-                        self._cv.notify_all()
-                else:
-                    self._events.put(msg)
-        with self._cv:
-            self._cv.notify_all()
-
-    def send(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = 60.0) -> dict:
-        self._id += 1
-        mid = self._id
-        msg = {"id": mid, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self._to_w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        with self._cv:
-            while mid not in self._replies:
-                left = deadline - time.monotonic()
-                if left <= 0 or self.proc.poll() is not None:
-                    raise RuntimeError(f"no reply to {method} (chromium stderr: {''.join(self._stderr)[-2000:]})")
-                self._cv.wait(min(left, 0.5))
-            reply = self._replies.pop(mid)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply.get("result", {})
-
-    def events(self) -> list[dict]:
-        out = []
-        while True:
-            try:
-                out.append(self._events.get_nowait())
-            except queue.Empty:
-                return out
-
-    def wait_event(self, method: str, session: str, timeout: float) -> tuple[dict | None, list[dict]]:
-        seen, deadline = [], time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                ev = self._events.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            seen.append(ev)
-            if ev.get("method") == method and ev.get("sessionId") == session:
-                return ev, seen
-        return None, seen
-
-    def close(self):
-        try:
-            self.send("Browser.close", timeout=5)
-        except Exception:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for fd in (self._to_w, self._from_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        shutil.rmtree(self.profile, ignore_errors=True)
+Browser = browser_widgets.Browser
 
 
 # What "drawn" means, evaluated in the page.
@@ -215,7 +109,16 @@ _PROBE = r"""
   const mjErrors = document.querySelectorAll('.MathJax_SVG merror, .MathJax_Error').length;
   const mjIdle = !window.MathJax || !window.MathJax.Hub ||
                  (window.MathJax.Hub.queue.pending === 0 && window.MathJax.Hub.queue.running === 0);
-  return JSON.stringify({figs: figs.length, drawn: drawn.length,
+  // a code block wider than its box, or a table wider than the page outside a scrolling box
+  const wide = Array.from(document.querySelectorAll('pre'))
+    .filter(e => e.offsetParent && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.textContent.split('\n').reduce((a, b) => a.length > b.length ? a : b).slice(0, 90));
+  const article = document.querySelector('article.bd-article') || document.body;
+  const tables = Array.from(document.querySelectorAll('table'))
+    .filter(t => t.offsetParent && !t.closest('.kestrel-table, .plotly-graph-div') &&
+                 t.getBoundingClientRect().right > article.getBoundingClientRect().right + 1)
+    .map(t => (t.querySelector('th, td') || t).textContent.slice(0, 40));
+  return JSON.stringify({figs: figs.length, drawn: drawn.length, wide, tables,
                          undrawn: figs.filter(d => !d.querySelector('svg.main-svg')).map(d => d.id),
                          maths, typeset, mjErrors, mjIdle, plotly: typeof window.Plotly,
                          height: Math.ceil(Math.max(document.documentElement.scrollHeight,
@@ -247,14 +150,15 @@ def _probe(b, session) -> dict:
     return json.loads(r["result"]["value"])
 
 
+@pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("docname", CHAPTERS)
-def test_chapter_draws_offline(browser, docname):
+def test_chapter_draws_offline(browser, docname, width):
     b, session = browser
     page = HTML / f"{docname}.html"
     assert page.is_file(), f"{page} was not built"
     b.events()  # drop anything left over from the previous page
     b.send("Emulation.setDeviceMetricsOverride",
-           {"width": WIDTH, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+           {"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
     t0 = time.perf_counter()
     b.send("Page.navigate", {"url": page.as_uri()}, session=session)
     loaded, seen = b.wait_event("Page.loadEventFired", session, PAGE_TIMEOUT)
@@ -274,10 +178,10 @@ def test_chapter_draws_offline(browser, docname):
 
     height = min(max(st["height"], 900), MAX_HEIGHT)
     b.send("Emulation.setDeviceMetricsOverride",
-           {"width": WIDTH, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=session)
+           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, session=session)
     shot = b.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True},
                   session=session, timeout=120)
-    out = SHOTS / (docname.replace("/", "__") + ".png")
+    out = SHOTS / f"{docname.replace('/', '__')}@{width}.png"
     out.write_bytes(base64.b64decode(shot["data"]))
 
     ours = [e for e in seen if e.get("sessionId") == session]
@@ -287,15 +191,45 @@ def test_chapter_draws_offline(browser, docname):
     console_errors = [e["params"]["entry"].get("text", "") + " " + e["params"]["entry"].get("url", "")
                       for e in ours if e["method"] == "Log.entryAdded"
                       and e["params"]["entry"].get("level") == "error"]
+    console_errors += [" ".join(str(a.get("value", a.get("description", ""))) for a in e["params"]["args"])
+                       for e in ours if e["method"] == "Runtime.consoleAPICalled"
+                       and e["params"].get("type") == "error"]
     network = sorted({e["params"]["request"]["url"] for e in ours
                       if e["method"] == "Network.requestWillBeSent"
                       and not e["params"]["request"]["url"].startswith(("file:", "data:", "blob:", "about:"))})
-    print(f"{docname}: {st['figs']} figure(s), {st['maths']} math, {elapsed:.1f} s -> {out.relative_to(ROOT)}")
+    print(f"{docname} @ {width}: {st['figs']} figure(s), {st['maths']} math, {elapsed:.1f} s -> "
+          f"{out.relative_to(ROOT)}")
 
     assert not network, f"{docname}: the page tried to reach the network: {network}"
     assert not js_errors, f"{docname}: JavaScript errors: {js_errors}"
     assert not console_errors, f"{docname}: console errors: {console_errors}"
     assert st["plotly"] == "object", f"{docname}: window.Plotly is {st['plotly']} (plotly.min.js not loaded)"
     assert st["drawn"] == st["figs"], f"{docname}: figures not drawn: {st['undrawn']}"
+    assert not st["wide"], f"{docname} @ {width}px: code blocks wider than the page: {st['wide'][:5]}"
+    assert not st["tables"], f"{docname} @ {width}px: tables cut off by the page: {st['tables'][:5]}"
     assert st["typeset"] >= st["maths"] and st["mjErrors"] == 0, \
         f"{docname}: math not typeset by the local MathJax ({st['typeset']}/{st['maths']}, errors {st['mjErrors']})"
+
+
+# --------------------------------------------------------------------------- the live widgets
+
+def test_live_widgets_in_jupyterlab():
+    """Both widgets in JupyterLab with a live kernel (scripts/browser_widgets.py): spec_replay's
+    Run pressed with the mouse and its figures changed, the cost explorer's slider dragged and
+    its figures and table changed, every figure as wide as its box, no error or invalid colour
+    logged, chapter 7 opened unrun without raw VBox(...) text. Screenshots in
+    _build/widget_screenshots/."""
+    if _chromium() is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    if importlib.util.find_spec("jupyterlab") is None:
+        pytest.skip("jupyterlab is not installed (pip install jupyterlab)")
+    out = ROOT / "_build" / "widget_screenshots"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "browser_widgets.py"), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    if proc.returncode == browser_widgets.SKIP:
+        pytest.skip(proc.stderr.strip())
+    report = json.loads((out / "report.json").read_text())
+    failed = [name for name, ok in report["checks"].items() if not ok]
+    assert proc.returncode == 0 and not failed, \
+        f"failed: {failed}; error: {report.get('error')}; log: {report.get('log', [])[:5]}"
+    assert len(report["screenshots"]) >= 3

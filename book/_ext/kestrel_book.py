@@ -14,6 +14,8 @@ Loaded by ``_config.yml`` (``sphinx: local_extensions: kestrel_book: book/_ext``
   ``_static/mathjax/``. ``_config.yml`` points ``mathjax_path`` at it. Sphinx
   only loads MathJax on pages that contain math; if a page has math and no
   local MathJax is found, this extension emits a warning (an error under -W).
+* the colour mode: a fresh browser profile has none stored, and the theme logs an error for
+  that; a one-line script sets it to "auto" first.
 * thebe: Jupyter Book always loads sphinx-thebe, whose inline config script names a
   CDN URL (unpkg) and is emitted twice per page by sphinx-thebe 0.3.1 on Sphinx 7
   ("Identifier 'THEBE_JS_URL' has already been declared"). The book has no live-code
@@ -123,9 +125,16 @@ def _on_page_context(app, pagename, templatename, context, doctree) -> None:
             context[key] = [a for a in context[key] if not _is_thebe(a)]
 
 
+# The theme's head script sets the colour mode from localStorage or to "" (this theme passes no
+# default), and its main script then logs "Got invalid theme mode" as a console error on every
+# page of a fresh browser profile. Running after the former and before the latter (deferred):
+_THEME_MODE = 'if (!document.documentElement.dataset.mode) document.documentElement.dataset.mode = "auto";'
+
+
 def setup(app):
     # Loaded before any page content; priority < 500 puts it before the theme's scripts.
     app.add_js_file(PLOTLY_JS, priority=200)
+    app.add_js_file(None, body=_THEME_MODE, priority=201)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-check-consistency", _on_check_consistency)
     app.connect("html-page-context", _on_page_context, priority=900)  # after everyone else

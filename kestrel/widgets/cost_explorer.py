@@ -8,9 +8,8 @@ from .figures import phase_figure
 from .runs import as_units, pad_profile
 from .view import AppBox, FigView, esc, html_table, side_by_side
 
-TEXT_FORM = ("cost_explorer: a live widget (sliders for α₁..α₄, k, the pairing, the policy and the unit "
-             "costs). Run this cell in a live kernel to use it; kestrel.widgets.cost_explorer_static "
-             "draws the same model without one.")
+# What the widget shows where it cannot be drawn (ipywidgets cuts a text form at 110 characters).
+TEXT_FORM = "cost_explorer: a live widget; run this cell in a live kernel to move its sliders."
 
 
 def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, policy="replay",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import spec
 from ..errors import KestrelError
 from ..spec.schedule import is_int
-from .runs import as_runs, hist_item
+from .runs import as_runs, hist_item, run_label
 
 PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
                 "replay": "#e377c2", "sync": "#8c564b", "bookkeeping": "#7f7f7f", "tail": "#bcbd22"}
@@ -104,14 +104,25 @@ def _predicted_speedup(u, v) -> float | None:
     return None
 
 
-def speedup_figure(runs, *, names=None, predicted=None, title: str | None = None, height: int = 400):
+def speedup_figure(runs, *, names=None, predicted=None, groups=None, title: str | None = None,
+                   height: int = 400):
     """Measured speedup (greedy ms/token / spec ms/token, both timed in the same run) per run,
     with 1x (greedy) as the reference line and the cost model's prediction beside each bar.
     predicted: None (a RunSummary's own predicted_speedup where present), a UnitCosts (priced
     for each SpecResult's own rounds with spec.predict_result, or for a summary's histogram with
-    spec.predict), or a list of numbers / Predictions, one per run."""
+    spec.predict), or a list of numbers / Predictions, one per run. groups: a group name per run
+    (for example the acceptance schedule): the x axis then has two levels, the group written once
+    under its runs, so that many bars keep readable labels."""
     rs = as_runs(runs, names)
     labels = [v.label for v in rs]
+    if groups is not None:
+        groups = list(groups)
+        names = list(names) if names is not None else [run_label(v.run) for v in rs]
+        if len(groups) != len(rs):
+            raise KestrelError(f"{len(groups)} groups for {len(rs)} runs")
+        if len(set(zip(groups, names))) != len(rs):
+            raise KestrelError("speedup_figure: two runs share a group and a name")
+        labels = [groups, names]                # plotly's multi-category axis
     if isinstance(predicted, spec.UnitCosts):
         pred = [_predicted_speedup(predicted, v) for v in rs]
     elif predicted is not None:
@@ -132,13 +143,20 @@ def speedup_figure(runs, *, names=None, predicted=None, title: str | None = None
     if any(p is not None for p in pred):
         # a short black line across the bar: it marks the prediction without hiding a label
         fig.add_scatter(x=labels, y=pred, mode="markers", name="predicted (cost model)",
-                        marker=dict(symbol="line-ew-open", size=30, line=dict(width=3, color="black")),
+                        marker=dict(symbol="line-ew-open", size=30, color="black",
+                                    line=dict(width=3, color="black")),
                         hovertemplate="%{x}: predicted %{y:.3f}×<extra></extra>")
     # value labels above the higher of bar and prediction, so neither covers them
     tops = [max(x or 0, p or 0) for x, p in zip(sp, pred)]
     fig.add_scatter(x=labels, y=tops, mode="text", showlegend=False, hoverinfo="skip", cliponaxis=False,
                     text=[("n/a" if x is None else f"{x:.2f}×") for x in sp], textposition="top center",
                     name="measured value")
+    if groups is not None:
+        # room for the names written upwards under each bar and the group row below them; the
+        # margin is fixed so that a provenance strip added later lands under both
+        longest = max(len(str(n)) for n in labels[1])
+        fig.update_layout(margin=dict(b=40 + 7 * longest + 30))
+        fig.update_xaxes(tickangle=-90, automargin=False)
     for pol in dict.fromkeys(v.run.policy.name for v in rs):      # the colour key, one entry a policy
         fig.add_bar(x=[None], y=[None], name=f"policy {pol}", marker_color=POLICY_COLORS.get(pol, "#888"),
                     hoverinfo="skip")

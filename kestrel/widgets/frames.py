@@ -8,9 +8,11 @@ from .runs import drafter_short
 
 def add_player(fig, names, active, prefix, duration=300):
     """A slider over the frames (labels = frame names) and a play/pause button."""
-    steps = [dict(method="animate", label=nm,
+    # every step keeps its frame; only about a dozen carry a label, so that labels never overlap
+    every = max(1, -(-len(names) // 12))
+    steps = [dict(method="animate", label=nm if (i % every == 0 or i == len(names) - 1) else "",
                   args=[[nm], dict(mode="immediate", frame=dict(duration=0, redraw=True), transition=dict(duration=0))])
-             for nm in names]
+             for i, nm in enumerate(names)]
     fig.update_layout(
         # the slider's value is written at its right end: at its left it sat under the buttons
         sliders=[dict(active=active, steps=steps, pad=dict(t=45), x=0.16, len=0.84,
@@ -23,6 +25,10 @@ def add_player(fig, names, active, prefix, duration=300):
                                                          mode="immediate")]),
                                    dict(label="❚❚", method="animate",
                                         args=[[None], dict(frame=dict(duration=0, redraw=False), mode="immediate")])])])
+    # the slider and its labels sit in the bottom margin: keep it tall enough for them
+    m = fig.layout.margin
+    if m is None or m.b is None or m.b < 150:
+        fig.update_layout(margin=dict(b=150))
 
 
 def replay_frames_figure(result, *, title: str | None = None, height: int = 460, max_frames: int = 160,

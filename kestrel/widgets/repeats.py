@@ -120,7 +120,8 @@ def spread_figure(reps, *, names, title: str | None = None, height: int = 420, p
                               "%{customdata[2]} runs)<extra></extra>")
     if any(p is not None for p in pred):
         fig.add_scatter(x=names, y=pred, mode="markers", name="cost model (median)",
-                        marker=dict(symbol="line-ew-open", size=34, line=dict(width=3, color="black")),
+                        marker=dict(symbol="line-ew-open", size=34, color="black",
+                                    line=dict(width=3, color="black")),
                         hovertemplate="%{x}: predicted %{y:.3f}×<extra></extra>")
     tops = [max(r.speedup.hi, p or 0) for r, p in zip(reps, pred)]
     fig.add_scatter(x=names, y=tops, mode="text", text=[f"{m:.2f}×" for m in med], textposition="top center",

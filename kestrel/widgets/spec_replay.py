@@ -10,9 +10,8 @@ from .figures import hist_figure, phase_figure, round_figure
 from .runs import hist_item
 from .view import AppBox, FigView, esc, side_by_side
 
-TEXT_FORM = ("spec_replay: a live widget (choose the model, k, T, the start, the drafter and the policy, "
-             "then Run). Run this cell in a live kernel to use it; kestrel.widgets.replay_frames_figure "
-             "replays a recorded run without one.")
+# What the widget shows where it cannot be drawn (ipywidgets cuts a text form at 110 characters).
+TEXT_FORM = "spec_replay: a live widget; run this cell in a live kernel to pick a run and press Run."
 
 ARTICLE_HIST_TEXT = spec.format_hist(spec.ARTICLE_HIST, labels=False)
 
