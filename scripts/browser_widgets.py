@@ -9,6 +9,7 @@ and notebook folder, in a temporary directory):
 
 1. opens a notebook that builds ``kestrel.widgets.spec_replay()`` and
    ``kestrel.widgets.cost_explorer("bench_spec")`` and runs it in a live kernel;
+   (with --fallback, their figures go through ipywidgets.Output instead of FigureWidget);
 2. spec_replay: presses *Run* with the mouse and waits for the run to finish; the n_ok
    histogram must then hold the run's rounds and every figure must have changed;
 3. cost_explorer: drags the α₁ slider with the mouse; the slider's value, the table and both
@@ -372,10 +373,14 @@ def notebook(cells: list[str]) -> dict:
             "nbformat": 4, "nbformat_minor": 5}
 
 
-WIDGETS_NB = notebook([
-    "import kestrel\nfrom kestrel import widgets\nreplay = widgets.spec_replay(T=32)\nreplay",
-    'explorer = widgets.cost_explorer("bench_spec")\nexplorer',
-])
+def widgets_notebook(fallback: bool = False) -> dict:
+    """The two widgets, each in its own cell; fallback=True draws their figures through
+    ipywidgets.Output instead of plotly's FigureWidget (what a kernel without anywidget does)."""
+    first = "import kestrel\nfrom kestrel import widgets\n"
+    if fallback:
+        first += "from kestrel.widgets.view import FigView\nFigView.force_output = True\n"
+    return notebook([first + "replay = widgets.spec_replay(T=32)\nreplay",
+                     'explorer = widgets.cost_explorer("bench_spec")\nexplorer'])
 
 # --------------------------------------------------------------------------- in-page probes
 
@@ -574,6 +579,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per wait")
     ap.add_argument("--chapter", default="book/ch07_breaking_the_wall.ipynb",
                     help="a committed notebook to open without running it")
+    ap.add_argument("--fallback", action="store_true",
+                    help="draw the figures through ipywidgets.Output (no FigureWidget)")
     args = ap.parse_args(argv)
 
     binary = chromium_binary()
@@ -583,7 +590,7 @@ def main(argv=None) -> int:
         return SKIP
     args.out.mkdir(parents=True, exist_ok=True)
     chapter = ROOT / args.chapter
-    nbs = {"widgets.ipynb": WIDGETS_NB}
+    nbs = {"widgets.ipynb": widgets_notebook(args.fallback)}
     if chapter.is_file():
         nbs[chapter.name] = json.loads(chapter.read_text())
     lab = Lab(nbs)

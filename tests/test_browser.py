@@ -213,19 +213,22 @@ def test_chapter_draws_offline(browser, docname, width):
 
 # --------------------------------------------------------------------------- the live widgets
 
-def test_live_widgets_in_jupyterlab():
+@pytest.mark.parametrize("fallback", [False, True], ids=["FigureWidget", "Output"])
+def test_live_widgets_in_jupyterlab(fallback):
     """Both widgets in JupyterLab with a live kernel (scripts/browser_widgets.py): spec_replay's
     Run pressed with the mouse and its figures changed, the cost explorer's slider dragged and
     its figures and table changed, every figure as wide as its box, no error or invalid colour
-    logged, chapter 7 opened unrun without raw VBox(...) text. Screenshots in
-    _build/widget_screenshots/."""
+    logged, chapter 7 opened unrun without raw VBox(...) text; with plotly's FigureWidget and
+    with the ipywidgets.Output fallback (a kernel without anywidget). Screenshots in
+    _build/widget_screenshots/ (and _output/)."""
     if _chromium() is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     if importlib.util.find_spec("jupyterlab") is None:
         pytest.skip("jupyterlab is not installed (pip install jupyterlab)")
-    out = ROOT / "_build" / "widget_screenshots"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "browser_widgets.py"), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    out = ROOT / "_build" / ("widget_screenshots" + ("_output" if fallback else ""))
+    cmd = [sys.executable, str(ROOT / "scripts" / "browser_widgets.py"), "--out", str(out)]
+    proc = subprocess.run(cmd + (["--fallback"] if fallback else []), cwd=ROOT, capture_output=True,
+                          text=True, timeout=1200)
     if proc.returncode == browser_widgets.SKIP:
         pytest.skip(proc.stderr.strip())
     report = json.loads((out / "report.json").read_text())

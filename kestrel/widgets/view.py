@@ -32,14 +32,12 @@ class FigView:
         return self.fw if self.fw is not None else self.fig
 
     def _draw(self):
-        from IPython import get_ipython
-        from IPython.display import clear_output
-        from ..plots import show
-        if get_ipython() is None:            # no kernel, nothing to show it to
-            return
-        with self.widget:
-            clear_output(wait=True)
-            show(self.fig, include_json=True)
+        # The figure's display bundle is set as the Output's outputs, not printed into it under
+        # `with output:`: that capture protocol is what notebook runners intercept (nbclient,
+        # without saved widget state, fails on it), and this way needs no kernel at all.
+        from ..plots import bundle
+        self.widget.outputs = ({"output_type": "display_data", "data": bundle(self.fig, include_json=True),
+                                "metadata": {}},)
 
     def update(self, fig):
         self.updates += 1
