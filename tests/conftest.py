@@ -37,6 +37,29 @@ def model(request, model_a, model_b):
     return {"test-a": model_a, "test-b": model_b}[request.param]
 
 
+def toc_docnames(root) -> list:
+    """The book's pages from _toc.yml (root first, then every chapter and section in order),
+    as docnames without extension."""
+    import yaml
+    from pathlib import Path
+    toc = yaml.safe_load((Path(root) / "_toc.yml").read_text())
+    names = [toc["root"]]
+
+    def walk(entries):
+        for e in entries or []:
+            if "file" in e:
+                names.append(e["file"])
+            walk(e.get("sections"))
+            walk(e.get("chapters"))
+            for part in e.get("parts") or []:
+                walk(part.get("chapters"))
+
+    walk(toc.get("chapters"))
+    for part in toc.get("parts") or []:
+        walk(part.get("chapters"))
+    return [str(Path(n).with_suffix("")) for n in names]
+
+
 def fresh_engine(model, prompt, **kw):
     kw.setdefault("max_seq", 64)
     eng = kestrel.Engine(model, **kw)

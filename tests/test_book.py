@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import toc_docnames
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -209,21 +210,7 @@ def test_book_has_plotly_figures(built):
 # --------------------------------------------------------------------------- the pages of the build
 
 def _toc_docnames() -> list[str]:
-    import yaml
-
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    names = [toc["root"]]
-
-    def walk(entries):
-        for e in entries or []:
-            if "file" in e:
-                names.append(e["file"])
-            walk(e.get("sections"))
-
-    walk(toc.get("chapters"))
-    for part in toc.get("parts") or []:
-        walk(part.get("chapters"))
-    return names
+    return toc_docnames(ROOT)
 
 
 APPENDIX_PAGES = {  # docname -> its title

@@ -18,13 +18,13 @@ from __future__ import annotations
 import base64
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import toc_docnames
 
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
@@ -35,35 +35,16 @@ PAGE_TIMEOUT = 60.0         # seconds for a page to load and draw
 
 
 def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return browser_widgets.chromium_binary()
 
 
 def _chapters() -> list[str]:
     """Docnames of the chapters, from _toc.yml (root first)."""
     try:
-        import yaml
+        import yaml  # noqa: F401
     except ImportError:  # pragma: no cover
         return []
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    names = [toc["root"]]
-
-    def walk(entries):
-        for e in entries or []:
-            if "file" in e:
-                names.append(e["file"])
-            walk(e.get("sections"))
-            walk(e.get("chapters"))
-            for part in e.get("parts", []) or []:
-                walk(part.get("chapters"))
-
-    walk(toc.get("chapters"))
-    for part in toc.get("parts", []) or []:
-        walk(part.get("chapters"))
-    return [str(Path(n).with_suffix("")) for n in names]
+    return toc_docnames(ROOT)
 
 
 CHAPTERS = _chapters()
