@@ -7,6 +7,7 @@ speculative-decoding benchmark (scripts/bench_spec.py) into typed objects.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,21 @@ def load(name: str) -> dict:
         raise FileNotFoundError(f"{path} does not exist: run the benchmark script that writes it "
                                 f"(scripts/bench_spec.py or scripts/bench_engine.py) on a GPU first")
     return json.loads(path.read_text())
+
+
+def recorded_command(script: str, argv: list) -> str:
+    """The command line a results file records: the output folder is written OUTDIR (where a
+    run put its files says nothing about what it measured)."""
+    args = ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
+    return " ".join(["python3", script] + [shlex.quote(x) for x in args])
+
+
+def repo_relative(path) -> str:
+    """A path as a results file records it: relative to the repository when it lies inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS.parent))
+    except (ValueError, OSError):
+        return str(path)
 
 
 def provenance(d: dict) -> str:

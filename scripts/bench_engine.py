@@ -26,7 +26,6 @@ import datetime as _dt
 import json
 import math
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from kestrel.results import recorded_command, repo_relative  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
 DEFAULT_PRESETS = ["test-a", "test-b", "tiny"] + QWEN
@@ -189,7 +190,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
     fb = floor_bytes(cfg, dtype)
     floor_ms = fb["weights"] / (bw_gbps * 1e9) * 1e3
     r = {"preset": name, "dtype": dtype, "params": cfg.param_count(), "params_no_mtp": cfg.param_count(mtp=False),
-         "load_s": load_s, "floor_bytes": fb["weights"], "floor_ms": floor_ms, "source": _relative(model.source)}
+         "load_s": load_s, "floor_bytes": fb["weights"], "floor_ms": floor_ms, "source": repo_relative(model.source)}
     log(f"[{name} {dtype}] loaded in {load_s:.1f}s; floor {fb['weights'] / 1e9:.3f} GB -> {floor_ms:.3f} ms")
 
     eng = kestrel.Engine(model, max_seq=ctx, mmax=4, batch="flex")
@@ -426,20 +427,6 @@ def peer(presets, ntok: int, deadline: float, out_path: str):
 
 
 # ---- report ------------------------------------------------------------------------------------
-def _relative(source: str) -> str:
-    """A model's source as recorded: a path inside the repository relative to it."""
-    try:
-        return str(Path(source).resolve().relative_to(ROOT))
-    except (ValueError, OSError):
-        return source
-
-
-def _recorded_args(argv: list) -> list:
-    """The command line as recorded in the results: the output folder is written OUTDIR (where
-    a run puts its files says nothing about what it measured)."""
-    return ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
-
-
 def render_md(R: dict) -> str:
     L = [f"# Engine benchmark (CUDA)", "",
          f"Device: **{R['device']}**, measured {R['date']} with `{R['command']}`.", "",
@@ -531,7 +518,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     R = {"device": be.device_name, "device_props": be.device_props,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": "python3 scripts/bench_engine.py " + " ".join(shlex.quote(x) for x in _recorded_args(sys.argv[1:])),
+         "command": recorded_command("scripts/bench_engine.py", sys.argv[1:]),
          "cupy": cp.__version__, "numpy": np.__version__,
          "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion(),
          "presets": []}

@@ -27,7 +27,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import shlex
 import statistics
 import sys
 import time
@@ -37,6 +36,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from kestrel.results import recorded_command  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
@@ -85,11 +86,6 @@ def med(xs):
 
 def log(*a):
     print(*a, flush=True)
-
-
-def _recorded_args(argv: list) -> list:
-    """The command line as recorded: the output folder is written OUTDIR."""
-    return ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
 
 
 # ---- timing -------------------------------------------------------------------------------------
@@ -442,7 +438,7 @@ def main():
     l2 = int(props.get("l2CacheSize", 60 << 20))
     R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": "python3 scripts/bench_projections.py " + " ".join(shlex.quote(x) for x in _recorded_args(sys.argv[1:])),
+         "command": recorded_command("scripts/bench_projections.py", sys.argv[1:]),
          "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
          "engine_bf16_gemv": linear.BF16_GEMV, "tc_variant": list(linear.TC_VARIANT),

@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 
 import kestrel  # noqa: E402
 from kestrel import spec  # noqa: E402
+from kestrel.results import recorded_command, repo_relative  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
 ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8 (trained pairing, k = 4)
@@ -118,7 +119,7 @@ def bench_tiny(args):
         a = spec.combine(spec.teacher_forced(model, toks, T=T, depth=4, pairing=pairing) for _, toks in starts)
         acc[pairing.value] = a.to_dict()
         log("  " + a.line())
-    return {"model": model.cfg.name, "source": _source(model), "device": getattr(model.be, "device_name", model.be.name),
+    return {"model": model.cfg.name, "source": repo_relative(model.source), "device": getattr(model.be, "device_name", model.be.name),
             "starts": [lab for lab, _ in starts], "T": T, "units": units.to_dict(), "runs": rows,
             "acceptance": acc}
 
@@ -171,7 +172,7 @@ def bench_large(args):
                 f"{s.predicted_ms_per_token:.3f} ms/token {s.predicted_speedup:.3f}x; "
                 f"phases/token {_fmt(s.phase_ms_per_token)}; bit-exact {s.bit_exact}")
     del engines, g_eng
-    out = {"model": cfg.name, "source": _source(model), "weights": getattr(model, "weight_dtype", args.dtype),
+    out = {"model": cfg.name, "source": repo_relative(model.source), "weights": getattr(model, "weight_dtype", args.dtype),
            "device": getattr(model.be, "device_name", model.be.name), "P": P, "T": T,
            "gdn_state_bytes": cfg.gdn_state_bytes, "conv_state_bytes": cfg.conv_state_bytes,
            "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
@@ -189,14 +190,6 @@ def state_bytes_per_token(cfg, policy, result) -> dict:
         read, written, kept = read + t["read"], written + t["written"], max(kept, t["kept"])
     tok = max(1, sum(len(x.emitted) for x in result.rounds))
     return {"read": read / tok, "written": written / tok, "kept": kept}
-
-
-def _source(model) -> str:
-    """The model's source, relative to the repository when it lies inside it."""
-    try:
-        return str(Path(model.source).resolve().relative_to(ROOT))
-    except ValueError:
-        return model.source
 
 
 def _fmt(d):
@@ -277,11 +270,6 @@ def _fmt_str(d):
     return ", ".join(f"M={k}: {_x(v)}" for k, v in d.items())
 
 
-def _recorded(argv: list) -> list:
-    """The command line as recorded in the results: the output folder is written OUTDIR."""
-    return ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CPU stand-ins (tiny or test-b; test-a for the 27B part), T=16, one start, k=1,2")
@@ -299,7 +287,7 @@ def main(argv=None):
     args.T = args.T or (16 if args.quick else 64)
     t0 = time.time()
     d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-         "command": " ".join(["python", "scripts/bench_spec.py"] + _recorded(argv if argv is not None else sys.argv[1:])),
+         "command": recorded_command("scripts/bench_spec.py", argv if argv is not None else sys.argv[1:]),
          "commit": git_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
     d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
     if not args.skip_tiny:
