@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .errors import ScheduleError
 from .pairing import Pairing
-from .policy import Policy
+from .policy import POLICIES, Policy, recurrent_bytes
 from .schedule import advance, check_hist, check_sequence, nok_distribution, parse_profile
 from .stats import PHASES
 from .units import UnitCosts
@@ -196,7 +196,6 @@ def serving_projection(cfg, k: int, n: float, batches=(1, 4, 16, 64, 256), conte
     memory = weights + B x (live recurrent state + what the policy keeps + KV cache of L tokens)
     bytes  = weights once + B x (recurrent-state traffic of the round + KV cache read once per row)
     """
-    from .policy import POLICIES, recurrent_bytes
     w = weight_bytes if weight_bytes is not None else 2 * cfg.param_count(mtp=False)
     lo, f = int(n), n - int(n)
     rows = []
