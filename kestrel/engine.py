@@ -54,7 +54,7 @@ class Engine:
             raise KestrelError(f"batch must be one of {BATCH_MODES}, got {batch!r}")
         self.model, self.cfg, self.be = model, model.cfg, model.be
         self.max_seq, self.mmax, self.batch = int(max_seq), int(mmax), batch
-        self.n_gdn, self.n_attn = len(self.cfg.gdn_layers), len(self.cfg.attn_layers)
+        self.n_attn = len(self.cfg.attn_layers)
         self.nslots = self.mmax + 1
         self.state = DeviceState.allocate(self.cfg, self.be, self.max_seq, self.nslots, model.has_mtp)
         self.reset()
