@@ -61,6 +61,18 @@ def is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def is_float_value(x) -> bool:
+    """A real number that a float holds exactly and finitely: what a config's real fields may be
+    (an int beyond 2**53 would load as another number; one beyond the float range not at all)."""
+    if not is_real(x):
+        return False
+    try:
+        f = float(x)
+    except OverflowError:
+        return False
+    return math.isfinite(f) and f == x
+
+
 def _int_error(what: str, value, lo: int, hi: int) -> str:
     if lo == 0 and hi == 1:
         return f"{what} must be 0 or 1 (kestrel runs at most one MTP layer), got {value!r}"
@@ -102,7 +114,7 @@ class Config:
                 setf(f, int(v))
         for f in ("rms_norm_eps", "rope_theta", "partial_rotary_factor"):
             v = getattr(self, f)
-            if is_real(v):
+            if is_float_value(v):
                 setf(f, float(v))
         if isinstance(self.tie_word_embeddings, np.bool_):
             setf("tie_word_embeddings", bool(self.tie_word_embeddings))
@@ -165,10 +177,10 @@ class Config:
                     f if HF_KEYS[f] == f else f"{f} ({HF_KEYS[f]})", v, lo, hi))
         for f in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, f)
-            if not (is_real(v) and math.isfinite(v) and v > 0):
-                raise self._error(f, v, "must be a finite number > 0")
+            if not (is_float_value(v) and v > 0):
+                raise self._error(f, v, "must be a finite number > 0 that a float holds exactly")
         prf = self.partial_rotary_factor
-        if not (is_real(prf) and math.isfinite(prf) and 0 < prf <= 1):
+        if not (is_float_value(prf) and 0 < prf <= 1):
             raise self._error("partial_rotary_factor", prf, "must be a number in (0, 1]")
         if not isinstance(self.tie_word_embeddings, bool):
             raise self._error("tie_word_embeddings", self.tie_word_embeddings, "must be a bool")
@@ -308,8 +320,9 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         if key not in d:
             return default
         v = d[key]
-        if not (is_real(v) and math.isfinite(v) and v > 0):
-            raise ConfigError(f"config key {label or where + key}={v!r} must be a finite number > 0")
+        if not (is_float_value(v) and v > 0):
+            raise ConfigError(f"config key {label or where + key}={v!r} must be a finite number > 0 "
+                              f"that a float holds exactly")
         return float(v)
 
     def flag(d, key, default, label):
@@ -355,7 +368,7 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         prf_key, prf = f"{where}rope_parameters.partial_rotary_factor", rope["partial_rotary_factor"]
     else:
         prf_key, prf = f"{where}partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)
-    if not (is_real(prf) and math.isfinite(prf) and 0 < prf <= 1):
+    if not (is_float_value(prf) and 0 < prf <= 1):
         raise ConfigError(f"config key {prf_key}={prf!r} must be a number in (0, 1]")
 
     tie = flag(cfg, "tie_word_embeddings", None, f"{where}tie_word_embeddings")

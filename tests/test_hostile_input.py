@@ -767,7 +767,7 @@ def _type_ok(key, v):
         lo, hi = INT_KEYS[key]
         return type(v) is int and lo <= v <= (hi if hi is not None else 2 ** 31 - 1)
     lo, hi = {**REAL_KEYS, **ROPE_KEYS}[key]
-    return type(v) in (int, float) and math.isfinite(v) and lo < v <= hi
+    return type(v) in (int, float) and math.isfinite(v) and float(v) == v and lo < v <= hi
 
 
 @PROPERTY
@@ -1045,3 +1045,15 @@ def test_every_error_is_a_kestrel_error():
     assert config_module.ConfigError is kestrel.ConfigError          # still importable from kestrel.config
     import kestrel.weights as weights_module
     assert weights_module.CheckpointError is kestrel.CheckpointError
+
+
+@pytest.mark.parametrize("value", [2 ** 53 + 1, 10 ** 400])
+@pytest.mark.parametrize("key", ["rms_norm_eps", "rope_theta", "partial_rotary_factor"])
+def test_config_real_that_no_float_holds(key, value):
+    """An int a float cannot hold exactly would load as another number (2**53 + 1 -> 2**53), or
+    overflow the conversion (10**400): refused by name, never rounded or an OverflowError."""
+    d = _hf("test-a")
+    d[key] = value
+    d.pop("rope_parameters", None)
+    with pytest.raises(ConfigError, match=key):
+        from_hf(d)
