@@ -318,6 +318,40 @@ def test_cursors_off_invariant_mtp_cursor_is_noted():
     assert any("invariant wants the MTP cursor at p = 11" in (a.text or "") for a in fig.layout.annotations)
 
 
+@pytest.mark.parametrize("n_ok, pairing", [(1, "article"), (0, "article"), (3, "article"), (2, "trained")])
+def test_cursor_labels_clear_every_cell(n_ok, pairing):
+    """Each cursor label sits above its own row's cells and below the row above, with its text
+    height (font size over the plot's pixels per data unit) counted: it never covers a cell or
+    a cell's label (the first edition drew 'cursor 13' over the 'd2' of the row above)."""
+    import importlib
+    C = importlib.import_module("kestrel.diagrams.cursors")     # the module, not the function
+    fig = diagrams.cursors(pos=12, k=3, n_ok=n_ok, pairing=pairing)
+    m = fig.layout.margin
+    y0, y1 = fig.layout.yaxis.range
+    px_per_unit = (fig.layout.height - m.t - m.b) / (y1 - y0)
+    text_h = 1.3 * C.LABEL_PT / px_per_unit           # one line of label text, in data units
+    boxes = {}                                         # row centre -> (bottom, top) of its cells
+    for sh in fig.layout.shapes:
+        boxes.setdefault(round((sh.y0 + sh.y1) / 2, 6), set()).add((sh.y0, sh.y1))
+    assert len(boxes) == 6 and all(len(b) == 1 for b in boxes.values())
+    rows = sorted((c, *b.pop()) for c, b in boxes.items())     # bottom row first
+    cell_texts = [y for t in fig.data if t.mode == "text" and (t.name or "").startswith("labels")
+                  for y, s in zip(t.y, t.text) if s]
+    labels = [a for a in fig.layout.annotations if (a.name or "").startswith("label: ")]
+    assert len(labels) == 6
+    for a in labels:
+        assert a.yanchor == "bottom"
+        below = [r for r in rows if r[2] <= a.y]
+        own = max(below, key=lambda r: r[2])           # the row the label stands on
+        above = [r for r in rows if r[0] > own[0]]
+        lo, hi = a.y, a.y + text_h
+        assert lo > own[2], f"{a.text}: bottom {lo:.2f} inside its row (top {own[2]:.2f})"
+        if above:
+            assert hi < min(r[1] for r in above), f"{a.text}: top {hi:.2f} reaches the row above"
+        clash = [y for y in cell_texts if lo - text_h / 2 < y < hi + text_h / 2]
+        assert not clash, f"{a.text}: overlaps cell text at y={clash}"
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(pos=0), r"pos=0 outside"),
     (dict(pos="12"), r"pos must be an int"),

@@ -4,6 +4,12 @@ from __future__ import annotations
 from .common import _Canvas, _int, K_MAX, legend_below, _n_ok, _pairing, ROLE_STYLE
 
 
+ROW_PITCH = 1.8        # y distance between two rows of cells (data units)
+CELL_H = 0.8           # a cell's height
+LABEL_GAP = 0.12       # a cursor label's bottom edge above its row's cells
+LABEL_PT = 10          # the cursor labels' font size (px)
+
+
 def _mtp_rows(pairing, k: int, n: int, m0: int):
     """The MTP slot through a round: (rows the draft writes {row: input token}, cursor after the
     draft, cursor after the sync, rows the sync keeps or rewrites {row: (token, how)})."""
@@ -24,7 +30,7 @@ def _mtp_rows(pairing, k: int, n: int, m0: int):
 
 
 def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = None, *, pairing="article",
-            title: str | None = None, height: int = 470):
+            title: str | None = None, height: int = 580):
     """The main model's KV cache rows and its cursor (the visible length) through one round, and
     the MTP head's own KV slot and cursor beside it.
 
@@ -48,8 +54,10 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     rows = [("main KV: round start", "main", 0), ("main KV: after the verify", "main", 1),
             ("main KV: after accept", "main", 2), ("MTP KV: round start", "mtp", 3),
             ("MTP KV: after the draft", "mtp", 4), ("MTP KV: after the sync", "mtp", 5)]
-    ys = {i: -(i * 1.4 + (0.5 if i >= 3 else 0.0)) for i in range(6)}
-    cell_h = 0.8
+    # a row's cursor label sits in the gap above its own cells: the pitch leaves room for one
+    # line of label text between a row's boxes and the boxes of the row above
+    ys = {i: -(i * ROW_PITCH + (0.5 if i >= 3 else 0.0)) for i in range(6)}
+    cell_h = CELL_H
 
     def cell(i, x, role, text, color="#222"):
         y = ys[i]
@@ -112,12 +120,13 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     legend_below(fig, 70, 56, left=170)
     for name, i, c in markers:
         y = ys[i]
-        fig.add_scatter(x=[c, c], y=[y - 0.55, y + 0.55], mode="lines", name=name, showlegend=False,
-                        line=dict(color="#d62728" if i < 3 else "#6a51a3", width=4),
+        top = y + cell_h / 2 + LABEL_GAP
+        fig.add_scatter(x=[c, c], y=[y - cell_h / 2 - LABEL_GAP, top], mode="lines", name=name,
+                        showlegend=False, line=dict(color="#d62728" if i < 3 else "#6a51a3", width=4),
                         hovertemplate=f"{name}: {c}<extra></extra>", customdata=[c, c])
-        fig.add_annotation(x=c, y=y + 0.55, text=f"{'MTP ' * (i >= 3)}cursor {c}", showarrow=False,
-                           yanchor="bottom", xanchor="left",
-                           font=dict(size=10, color="#d62728" if i < 3 else "#6a51a3"))
+        fig.add_annotation(x=c, y=top, text=f"{'MTP ' * (i >= 3)}cursor {c}", showarrow=False,
+                           yanchor="bottom", xanchor="left", name=f"label: {name}",
+                           font=dict(size=LABEL_PT, color="#d62728" if i < 3 else "#6a51a3"))
     fig.update_xaxes(visible=True, showgrid=False, zeroline=False, tickmode="array",
                      tickvals=[x + 0.5 for x in range(lo, hi)], ticktext=[str(x) for x in range(lo, hi)],
                      title="position (row of the cache)")
