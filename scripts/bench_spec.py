@@ -10,19 +10,25 @@
       pairings, k=2..4) and by a flat profile whose mean advance is 2.8 tokens per round (trained
       pairing, k=4: the mean acceptance length reported for Qwen3.6-27B's MTP head with three
       draft tokens), under every policy, with each phase's cost and the recurrent-state bytes
-      each round moved (from the config: Policy.state_traffic).
+      each round moved (from the config: Policy.state_traffic). Each run is repeated --repeats
+      times (single runs vary by about 10%): ms/token and speedup are the medians, with their
+      min..max range (spec.large_runs, which the book also runs live on a GPU that holds the shape).
   (c) the cost model: unit costs measured on each model; the prediction for each run's own
       rounds beside its measurement, and the pure prediction from the histogram/profile.
+  (d) the sweep over sizes: tiny, 0.8B, 4B, 9B, 27B (random bf16 weights for the real shapes,
+      each freed before the next), the replay drafter driven by the E16 profile (trained
+      pairing, checkpoint policy) at k = 1..4, greedy in the same call, each size's unit costs
+      and its roofline: weight bytes / bandwidth against kernels per step x launch cost, which
+      says whether the size is bandwidth- or launch-bound (spec.size_sweep).
 
 On the H200:   python scripts/bench_spec.py
-On CPU, fast:  python scripts/bench_spec.py --quick      (CPU stand-ins, T=16; tested in CI)
+On CPU, fast:  python scripts/bench_spec.py --quick      (CPU stand-ins, T=16, one repeat; the
+               sweep on test-a and test-b; tested in CI)
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as _dt
-import gc
 import json
 import os
 import platform
@@ -34,14 +40,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import numpy as np  # noqa: E402
-
 import kestrel  # noqa: E402
 from kestrel import spec  # noqa: E402
 from kestrel.results import recorded_command, repo_relative  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
-ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8 (trained pairing, k = 4)
 
 
 def git_commit():
@@ -59,13 +62,7 @@ def log(msg):
     print(msg, flush=True)
 
 
-def summary_of(results, units, schedule: str | None = None) -> spec.RunSummary:
-    """The runs' RunSummary, with the cost model priced for their own rounds."""
-    c = spec.compare(units, results)
-    s = spec.aggregate(results)
-    return dataclasses.replace(s, schedule=schedule, predicted_ms_per_token=c["predicted_ms_per_token"],
-                               predicted_speedup=c["predicted_speedup"],
-                               predicted_phase_ms_per_token={ph: v / s.T for ph, v in c["predicted_phase_ms"].items()})
+summary_of = spec.sweep.summary_of      # the runs' RunSummary with the cost model for their own rounds
 
 
 def row_of(s: spec.RunSummary, **extra) -> dict:
@@ -126,70 +123,34 @@ def bench_tiny(args):
 
 # ---- (b) the 27B shape, histogram replay ------------------------------------------------------------------
 def bench_large(args):
+    """spec.large_runs (the same code the book runs live on a GPU that holds the shape)."""
     if args.quick:
         model = kestrel.load("test-a", device="cpu")
         T, P = args.T, 8
+        schedules = spec.sweep.LARGE_SCHEDULES[:1] + spec.sweep.LARGE_SCHEDULES[3:4]
     else:
         model = kestrel.load(args.large, device=args.device, dtype=args.dtype)
         T, P = args.T, 32
-    cfg = model.cfg
-    rng = np.random.default_rng(0)
-    prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, P)]
-    log(f"(b) {model!r} ({model.source}, weights {getattr(model, 'weight_dtype', args.dtype)}): P={P}, T={T}; GDN state "
-        f"{cfg.gdn_state_bytes / 1e6:.1f} MB + conv {cfg.conv_state_bytes / 1e6:.2f} MB per mark/rollback copy")
-    t0 = time.time()
-    g_eng = kestrel.Engine(model, max_seq=P + T + 8, mmax=1, batch="flex")
-    spec.greedy_timed(model, prompt, min(T, 8), engine=g_eng)                          # warm-up: compile, capture
-    ref, g_ms, _ = spec.greedy_timed(model, prompt, T, engine=g_eng)
-    log(f"  greedy: {g_ms / T:.3f} ms/token (reference stream; {time.time() - t0:.1f} s incl. warm-up)")
-    units = spec.measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=3 if args.quick else 7)
-    log(f"  units (ms): step {units.step:.3f}, step_m {_fmt(units.step_m)}, ckpt {_fmt(units.ckpt)}, "
-        f"draft {units.draft:.3f}, mark {units.mark:.3f}, rollback {units.rollback:.3f}")
-    schedules = [             # (name, k, what the schedule replays, pairing)
-        *[("article histogram", k, dict(hist=spec.ARTICLE_HIST), spec.Pairing.ARTICLE) for k in (3, 4)],
-        *[("E16 profile", k, dict(profile=spec.E16_PROFILE), pr) for pr in spec.Pairing for k in (2, 3, 4)],
-        ("2.8 tokens/round", 4, dict(profile=(ALPHA_2P8,) * 4), spec.Pairing.TRAINED),
-    ]
-    if args.quick:
-        schedules = schedules[:1] + schedules[3:4]
-    engines = {(b, k): kestrel.Engine(model, max_seq=P + T + 8, mmax=k, batch=b)
-               for b in ("strict", "flex") for k in sorted({s[1] for s in schedules})}
-    for policy in spec.POLICIES.values():                                             # warm-up: capture plans
-        for _, k, src, pairing in schedules:
-            spec.run_spec(model, prompt, min(T, 16), k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
-                          reference=ref[:min(T, 16)], greedy=False, engine=engines[policy.batch, k])
-    rows = []
-    for sname, k, src, pairing in schedules:
-        for policy in spec.POLICIES.values():
-            r = spec.run_spec(model, prompt, T, k, policy, "replay", schedule=spec.Schedule(**src, pairing=pairing),
-                              reference=ref, greedy=True, engine=engines[policy.batch, k], greedy_engine=g_eng)
-            s = summary_of([r], units, sname)
-            pred = spec.predict(units, policy, pairing, k, **src)
-            rows.append(row_of(s, predicted_from_schedule=pred.to_dict(),
-                               state_bytes_per_token=state_bytes_per_token(cfg, policy, r)))
-            log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {s.ms_per_token:.3f} ms/token "
-                f"(greedy {s.greedy_ms_per_token:.3f}) speedup {s.speedup:.3f}x | predicted "
-                f"{s.predicted_ms_per_token:.3f} ms/token {s.predicted_speedup:.3f}x; "
-                f"phases/token {_fmt(s.phase_ms_per_token)}; bit-exact {s.bit_exact}")
-    del engines, g_eng
-    out = {"model": cfg.name, "source": repo_relative(model.source), "weights": getattr(model, "weight_dtype", args.dtype),
-           "device": getattr(model.be, "device_name", model.be.name), "P": P, "T": T,
-           "gdn_state_bytes": cfg.gdn_state_bytes, "conv_state_bytes": cfg.conv_state_bytes,
-           "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
+        schedules = spec.sweep.LARGE_SCHEDULES
+    out = spec.large_runs(model, T=T, P=P, schedules=schedules, repeats=args.repeats, reps=3 if args.quick else 7,
+                          log=log)
     del model
-    gc.collect()
+    spec.sweep.free_device_memory()
     return out
 
 
-def state_bytes_per_token(cfg, policy, result) -> dict:
-    """The recurrent-state bytes the run's own rounds moved, per emitted token (from the config:
-    Policy.state_traffic), and what the policy keeps beside the live state."""
-    read = written = kept = 0
-    for x in result.rounds:
-        t = policy.state_traffic(cfg, x.k, x.n_ok)
-        read, written, kept = read + t["read"], written + t["written"], max(kept, t["kept"])
-    tok = max(1, sum(len(x.emitted) for x in result.rounds))
-    return {"read": read / tok, "written": written / tok, "kept": kept}
+# ---- (d) every size, k = 1..4 ------------------------------------------------------------------------------
+def bench_sweep(args):
+    """spec.size_sweep: the replay drafter driven by the E16 profile (trained pairing, checkpoint
+    policy) at each size and k, with each size's roofline."""
+    if args.quick:
+        return spec.size_sweep(spec.sweep.QUICK_PRESETS, T=args.T, P=8, device="cpu", reps=3, log=log)
+    presets, skipped = spec.sweep.runnable(spec.sweep.SIZE_PRESETS, device=args.device, dtype=args.dtype)
+    for p, why in skipped:
+        log(f"!! (d) skips {p}: {why}")
+    d = spec.size_sweep(presets, T=args.T, P=32, device=args.device, dtype=args.dtype, log=log)
+    d["skipped"] = [{"preset": p, "why": why} for p, why in skipped]
+    return d
 
 
 def _fmt(d):
@@ -231,15 +192,18 @@ def markdown(d) -> str:
     if b:
         L += [f"## (b) {b['model']} shape, random {b['weights']} weights, replay drafter ({b['device']})", "",
               f"P={b['P']}, T={b['T']}; greedy {_x(b['greedy_ms_per_token'])} ms/token; each mark/rollback copies "
-              f"{(b['gdn_state_bytes'] + b['conv_state_bytes']) / 1e6:.1f} MB of GDN state.", "",
+              f"{(b['gdn_state_bytes'] + b['conv_state_bytes']) / 1e6:.1f} MB of GDN state. Each run repeated "
+              f"{b.get('repeats', 1)} time(s): ms/token and speedup are medians (min..max); phases, histogram "
+              "and log are the repeat with the median speedup.", "",
               "| schedule | pairing | policy | k | ms/token | speedup | predicted (run's rounds) | predicted "
               "(schedule) | draft | mark | verify | rollback | replay | sync | bookkeeping | histogram | bit-exact |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in b["runs"]:
             ph = r["phase_ms_per_token"]
             ps = r["predicted_from_schedule"]
-            L.append(f"| {r['schedule']} | {r['pairing']} | {r['policy']} | {r['k']} | {_x(r['ms_per_token'])} | "
-                     f"{_x(r['speedup'])}x | {_x(r['predicted_ms_per_token'])} ms, {_x(r['predicted_speedup'])}x | "
+            L.append(f"| {r['schedule']} | {r['pairing']} | {r['policy']} | {r['k']} | {_x(r['ms_per_token'])}"
+                     f"{_range(r.get('ms_per_token_range'))} | {_x(r['speedup'])}x{_range(r.get('speedup_range'))} | "
+                     f"{_x(r['predicted_ms_per_token'])} ms, {_x(r['predicted_speedup'])}x | "
                      f"{_x(ps['ms_per_token'])} ms, {_x(ps['speedup'])}x | "
                      + " | ".join(_x(ph[p]) for p in spec.PHASES)
                      + f" | {' '.join(f'{n}:{c}' for n, c in r['hist'].items())} | {r['bit_exact']} |")
@@ -256,7 +220,46 @@ def markdown(d) -> str:
         L += ["", f"Unit costs (ms): {_units(b['units'])}", ""]
         for r in b["runs"]:
             L += [f"`{r['schedule']} / {r['pairing']} / {r['policy']}`:", "```"] + r["log"] + ["```"]
+    w = d.get("sweep")
+    if w:
+        L += sweep_markdown(w)
     return "\n".join(L) + "\n"
+
+
+def _bytes(n) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+def _range(lohi) -> str:
+    return "" if not lohi else f" ({lohi[0]:.3f}..{lohi[1]:.3f})"
+
+
+def sweep_markdown(w) -> list:
+    L = [f"## (d) every size: {w['policy']}, {w['pairing']} pairing, replay of the profile "
+         f"{', '.join(f'{a:.3f}' for a in w['profile'])} ({w['device']})", "",
+         f"T={w['T']}, P={w['P']}, {w['repeats']} repeat(s) per run; copy bandwidth (read + write) "
+         f"{w['bandwidth_Bps'] / 1e9:.0f} GB/s; launch cost per kernel {w['launch_ms_per_kernel'] * 1e3:.1f} us "
+         "(the smallest step-minus-floor per kernel of these sizes).", "",
+         "| size | weights | k | ms/token | greedy ms/token | speedup | predicted speedup | advance/round | bit-exact |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for s in w["sizes"]:
+        for r in s["runs"]:
+            L.append(f"| {s['preset']} | {_bytes(s['weight_bytes'])} {s['weights']} | {r['k']} | "
+                     f"{_x(r['ms_per_token'])}{_range(r.get('ms_per_token_range'))} | {_x(r['greedy_ms_per_token'])} | "
+                     f"{_x(r['speedup'])}x | {_x(r['predicted_speedup'])}x | {_x(r['advance_per_round'])} | "
+                     f"{r['bit_exact']} |")
+    L += ["", "Roofline: floor = weight bytes / bandwidth; launches = kernels per step x launch cost; the larger "
+          "term names the regime. Measured: step, verify_checkpointed(M) / step, the MTP draft step / step.", "",
+          "| size | floor ms | kernels | launch ms | bound | step ms | verify(M)/step, M=1..4 | row ms | draft/step |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for s in w["sizes"]:
+        r = s["roofline"]
+        vs = " ".join(_x(v, 2) for _, v in sorted((int(m), v) for m, v in r["verify_over_step"].items()))
+        L.append(f"| {s['preset']} | {_x(r['floor_ms'])} | {r['kernels_per_step']} | {_x(r['launch_ms'])} | "
+                 f"{r['bound']} | {_x(r['step_ms'])} | {vs} | {_x(r['row_ms'])} | {_x(r['draft_over_step'], 2)} |")
+    for x in w.get("skipped", []):
+        L.append(f"\nSkipped {x['preset']}: {x['why']}.")
+    return L + [""]
 
 
 def _units(u) -> str:
@@ -278,12 +281,15 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=None)
     ap.add_argument("--model-a", default=None, help="model for part (a) (default: tiny; test-b if tiny is missing)")
     ap.add_argument("--large", default="qwen3.5-27b", help="preset for part (b)")
-    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"), help="part (b) weights")
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"), help="the real shapes' weights, (b) and (d)")
     ap.add_argument("--skip-tiny", action="store_true")
     ap.add_argument("--skip-large", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true", help="skip part (d), the sweep over sizes")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats of each part (b) run (default 3; 1 in --quick)")
     args = ap.parse_args(argv)
     if args.quick:
         args.device = "cpu"
+    args.repeats = args.repeats or (1 if args.quick else 3)
     args.T = args.T or (16 if args.quick else 64)
     t0 = time.time()
     d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -294,6 +300,8 @@ def main(argv=None):
         d["tiny"] = bench_tiny(args)
     if not args.skip_large:
         d["large"] = bench_large(args)
+    if not args.skip_sweep:
+        d["sweep"] = bench_sweep(args)
     d["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

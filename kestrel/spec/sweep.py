@@ -1,0 +1,503 @@
+"""Where speculation starts to pay: the same round at every model size and k, and a roofline.
+
+    from kestrel.spec import sweep
+    d = sweep.size_sweep(["tiny", "qwen3.5-27b"], device="cuda")   # plain dicts, JSON-ready
+    d["sizes"][0]["runs"]          # one row per k: median ms/token, speedup, bit_exact, ...
+    d["sizes"][0]["roofline"]      # floor, launch cost, measured step and verify(M)
+    s = sweep.size_section()       # live on a GPU that holds the sizes, else results/
+    b = sweep.large_section()      # the 27B runs of scripts/bench_spec.py (b), live or recorded
+
+Each size runs the replay drafter driven by one acceptance profile (default: the article's E16
+profile on the trained pairing, checkpoint policy), so every size sees the same n_ok pattern
+and only the costs differ. Greedy is timed in the same call, as everywhere in kestrel.spec.
+
+Why size decides. A verify of k rows pays off when it costs about one step, and a draft step
+when it costs a small part of one. A decode step pays two things: it reads every weight once
+(the bandwidth floor: weight bytes / memory bandwidth) and it launches a fixed number of kernels,
+each with a fixed cost however little it moves (the launch cost: kernels per step x cost per
+kernel). A large model is bandwidth-bound: reading 50 GB dwarfs 500 launches, and a verify of k
+rows reads the same weights once, so it costs about one step; k rows are checked for the price
+of one. A tiny model is launch-bound: its weights stream in microseconds, the step is mostly
+launches plus each row's own arithmetic (the recurrence and attention run row by row), and
+nothing large is shared between the rows, so a verify of M rows costs the launches plus about M
+times a row's work; and the MTP head, a layer with its own launches, costs nearly as much as the
+whole step. Then drafting eats what the batched verify saves. The roofline below puts numbers on
+both terms per size: `floor_ms` and `launch_ms`, and the larger one names the regime.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from .. import results
+from ..config import PRESETS
+from ..engine import Engine
+from ..program import expected_shapes, main_program
+from .baseline import greedy_timed
+from .cost import compare, predict
+from .pairing import Pairing
+from .policy import POLICIES, Policy
+from .records import aggregate
+from .schedule import ARTICLE_HIST, E16_PROFILE, Schedule
+from .units import measure_unit_costs
+
+SIZE_PRESETS = ("tiny", "qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")
+QUICK_PRESETS = ("test-a", "test-b")          # CPU stand-ins: the same code path in seconds
+LARGE = "qwen3.5-27b"
+KS = (1, 2, 3, 4)
+ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8 (trained pairing, k = 4)
+CPU_WEIGHT_LIMIT = 64 * 2 ** 20     # the largest weights a CPU sweep loads (tiny and the test shapes)
+HEADROOM = 1.25                     # GPU memory for states, caches and plans beyond the weights
+
+# (name, k, what the replay drafter replays, pairing): scripts/bench_spec.py part (b)
+LARGE_SCHEDULES = (
+    *[("article histogram", k, {"hist": ARTICLE_HIST}, Pairing.ARTICLE) for k in (3, 4)],
+    *[("E16 profile", k, {"profile": E16_PROFILE}, pr) for pr in Pairing for k in (2, 3, 4)],
+    ("2.8 tokens/round", 4, {"profile": (ALPHA_2P8,) * 4}, Pairing.TRAINED),
+)
+
+
+def _log(msg):
+    print(msg, flush=True)
+
+
+def _quiet(msg):
+    pass
+
+
+def device_of(model) -> str:
+    be = model.be
+    return getattr(be, "device_name", be.name)
+
+
+def now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# ---- shapes: what a step reads and launches ---------------------------------------------------------
+def config_of(preset: str):
+    """The Config of a preset name ('tiny': the embedded model's config.json)."""
+    if preset == "tiny":
+        from .. import ASSETS
+        from ..config import load_config
+        return load_config(ASSETS / "tiny")
+    return PRESETS[preset]
+
+
+def native_dtype(preset: str, dtype: str = "bf16") -> str:
+    """The projection dtype a size runs in: the real shapes in `dtype`, the embedded and test
+    models in fp32 (their own weights; bench_engine measures them the same way)."""
+    return "fp32" if preset == "tiny" or preset.startswith("test-") else dtype
+
+
+def weight_bytes(cfg, dtype: str) -> int:
+    """Bytes one decode step must read: every main-model weight once (matrices in `dtype`,
+    vectors fp32), the embedding only for its one looked-up row unless it is tied to the head."""
+    total = 0
+    for name, shape in expected_shapes(cfg).items():
+        if name.startswith("mtp."):
+            continue
+        size = 2 if dtype == "bf16" and len(shape) == 2 else 4
+        if name == "embed_tokens.weight" and not cfg.tie_word_embeddings:
+            total += shape[1] * size
+        else:
+            total += math.prod(shape) * size
+    return int(total)
+
+
+def kernels_per_step(cfg) -> int:
+    """Kernel launches of one decode step: one per op of the main program, two for a GDN layer
+    (convolution, recurrence) and two for attention (append to the cache, decode), as the CUDA
+    backend lowers it with stacked projections. On the CPU: the ops the NumPy twins run."""
+    return sum(2 if op.kind in ("gdn", "attention") else 1 for op in main_program(cfg).ops)
+
+
+def copy_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> float:
+    """Memory bandwidth in bytes/s, bytes read + bytes written by one large copy (the floor's
+    bandwidth, as scripts/bench_engine.py measures it), median of reps."""
+    if getattr(be, "name", "") == "cuda":
+        import cupy as cp
+        nbytes = nbytes or 1 << 30
+        a = cp.ones(nbytes // 4, cp.float32)
+        b = cp.empty_like(a)
+        rt = cp.cuda.runtime
+        ts = []
+        for r in range(reps + 2):
+            e0 = be.now()
+            rt.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, rt.memcpyDeviceToDevice, be.stream.ptr)
+            e1 = be.now()
+            if r >= 2:
+                ts.append(be.elapsed_ms(e0, e1))
+        del a, b
+        cp.get_default_memory_pool().free_all_blocks()
+    else:
+        nbytes = nbytes or 1 << 27
+        a = np.ones(nbytes // 4, np.float32)
+        b = np.empty_like(a)
+        ts = []
+        for r in range(reps + 2):
+            t0 = time.perf_counter()
+            np.copyto(b, a)
+            if r >= 2:
+                ts.append((time.perf_counter() - t0) * 1e3)
+    return 2 * nbytes / (statistics.median(ts) * 1e-3)
+
+
+def roofline(cfg, *, dtype: str, bandwidth: float, launch_ms_per_kernel: float, units=None) -> dict:
+    """The back-of-envelope cost of a decode step and of a verify of M rows.
+
+    floor_ms  = weight bytes / bandwidth           (reading the weights once; any M <= a few)
+    launch_ms = kernels per step x cost per kernel (paid once per call, whatever M is)
+    bound     = 'bandwidth' where the floor is the larger term, else 'launch'
+    With measured unit costs (spec.UnitCosts) it adds the measured step, verify_checkpointed(M),
+    verify(M) / step and the measured extra cost of each row beyond the first (row_ms)."""
+    wb = weight_bytes(cfg, dtype)
+    n = kernels_per_step(cfg)
+    floor = wb / bandwidth * 1e3
+    launch = n * launch_ms_per_kernel
+    out = {"weight_bytes": wb, "dtype": dtype, "bandwidth_Bps": bandwidth, "floor_ms": floor,
+           "kernels_per_step": n, "launch_ms_per_kernel": launch_ms_per_kernel, "launch_ms": launch,
+           "roof_step_ms": floor + launch, "bound": "bandwidth" if floor >= launch else "launch"}
+    if units is not None:
+        ms = dict(sorted(units.ckpt.items()))
+        M = max(ms)
+        out.update({"step_ms": units.step, "verify_ms": ms,
+                    "verify_over_step": {m: v / units.step for m, v in ms.items()},
+                    "row_ms": (ms[M] - ms[1]) / (M - 1) if M > 1 else 0.0,
+                    "floor_share": floor / units.step, "draft_over_step": units.draft / units.step})
+    return out
+
+
+def launch_cost(sizes: list) -> float:
+    """The fixed cost of one kernel, from measurements: per size, what its step costs beyond
+    reading its weights, per kernel; the smallest of these (the size whose kernels move almost
+    nothing) is the launch cost every kernel pays."""
+    per = [max(s["units"]["step"] - s["floor_ms"], 0.0) / s["kernels_per_step"] for s in sizes]
+    return min(per) if per else 0.0
+
+
+# ---- where a size can run -----------------------------------------------------------------------------
+def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
+    """(True, why) when this machine's backend is a CUDA GPU whose free memory holds the largest
+    of `presets` (weights x headroom, one at a time), else (False, why)."""
+    from ..backend import cuda_available, get_backend
+    if not cuda_available():
+        return False, f"no CUDA GPU is visible here (backend: {get_backend('cpu').device_name})"
+    be = get_backend("auto")
+    import cupy
+    free, total = cupy.cuda.runtime.memGetInfo()
+    need = max(config_of(p).param_count() * (2 if native_dtype(p, dtype) == "bf16" else 4) for p in presets)
+    need *= headroom
+    dev = getattr(be, "device_name", "the GPU")
+    if free < need:
+        return False, (f"{dev} has {free / 2**30:.0f} GiB free; the largest of {list(presets)} needs "
+                       f"about {need / 2**30:.0f} GiB")
+    return True, f"{dev} has {free / 2**30:.0f} GiB free of {total / 2**30:.0f} GiB"
+
+
+def runnable(presets, device: str = "auto", dtype: str = "bf16") -> tuple:
+    """(the presets this machine's backend runs, [(preset, why not)]): on a GPU, those whose
+    weights fit its free memory; on the CPU, those with weights under CPU_WEIGHT_LIMIT."""
+    from ..backend import get_backend
+    be = get_backend(device)
+    ok, skipped = [], []
+    free = None
+    if getattr(be, "name", "") == "cuda":
+        import cupy
+        free = cupy.cuda.runtime.memGetInfo()[0]
+    for p in presets:
+        cfg = config_of(p)
+        wb = cfg.param_count() * (2 if native_dtype(p, dtype) == "bf16" else 4)
+        if free is not None and wb * HEADROOM > free:
+            skipped.append((p, f"needs about {wb * HEADROOM / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"))
+        elif free is None and wb > CPU_WEIGHT_LIMIT:
+            skipped.append((p, f"{wb / 2**20:.0f} MiB of weights: too slow on the CPU"))
+        else:
+            ok.append(p)
+    return ok, skipped
+
+
+def free_device_memory():
+    """Drop what the last model left on the GPU (the 27B weights are ~52 GB) before the next."""
+    gc.collect()
+    cp = sys.modules.get("cupy")
+    if cp is not None:
+        cp.get_default_memory_pool().free_all_blocks()
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+# ---- one size, k = 1..4 --------------------------------------------------------------------------------
+def _median_row(results_, units, **extra) -> dict:
+    """One configuration run R times: medians and ranges of ms/token and speedup; the rest
+    (histogram, advance, the cost model's speedup) from the repeat with the median speedup."""
+    sums = [r.summary() for r in results_]
+    sp = [s.speedup for s in sums]
+    ms = [s.ms_per_token for s in sums]
+    mid = sorted(range(len(sums)), key=lambda i: sp[i])[(len(sums) - 1) // 2]
+    s = sums[mid]
+    return {**extra, "k": s.k, "policy": s.policy.name, "pairing": s.pairing.value,
+            "ms_per_token": statistics.median(ms), "ms_per_token_range": [min(ms), max(ms)],
+            "greedy_ms_per_token": statistics.median(x.greedy_ms_per_token for x in sums),
+            "speedup": statistics.median(sp), "speedup_range": [min(sp), max(sp)], "repeats": len(sums),
+            "predicted_speedup": compare(units, results_[mid])["predicted_speedup"],
+            "advance_per_round": s.advance_per_round, "hist": {int(n): int(c) for n, c in s.hist.items()},
+            "bit_exact": all(x.bit_exact for x in sums)}
+
+
+def measure_size(model, *, ks=KS, policy="checkpoint", pairing="trained", profile=E16_PROFILE, T: int = 64,
+                 P: int = 32, repeats: int = 1, reps: int = 5, seed: int = 0, log=_quiet) -> dict:
+    """Greedy ms/token, unit costs and run_spec at every k for one loaded model: the replay
+    drafter forces `profile` (seeded), greedy is timed in each call and is the reference."""
+    from .driver import run_spec
+    pol, pr = Policy.parse(policy), Pairing.parse(pairing)
+    cfg = model.cfg
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
+    max_seq = P + T + max(ks) + 4
+    g_eng = Engine(model, max_seq=max_seq, mmax=1, batch="flex")
+    greedy_timed(model, prompt, min(T, 8), engine=g_eng)               # warm-up: compile, capture
+    ref, g_ms, _ = greedy_timed(model, prompt, T, engine=g_eng)
+    units = measure_unit_costs(model, k_max=max(ks), ctx=P + T // 2, reps=reps)
+    rows = []
+    for k in ks:
+        eng = Engine(model, max_seq=max_seq, mmax=k, batch=pol.batch)
+
+        def sched():
+            return Schedule(profile=profile, pairing=pr, seed=seed)
+        warm = min(T, 16)
+        run_spec(model, prompt, warm, k, pol, "replay", schedule=sched(), reference=ref[:warm], greedy=False,
+                 engine=eng)
+        res = [run_spec(model, prompt, T, k, pol, "replay", schedule=sched(), reference=ref, greedy=True,
+                        engine=eng, greedy_engine=g_eng) for _ in range(repeats)]
+        row = _median_row(res, units)
+        rows.append(row)
+        log(f"  {cfg.name:13s} k={k}: {row['ms_per_token']:.3f} ms/token (greedy {row['greedy_ms_per_token']:.3f}) "
+            f"speedup {row['speedup']:.3f}x, advance/round {row['advance_per_round']:.2f}, "
+            f"bit-exact {row['bit_exact']}")
+        del eng
+    return {"model": cfg.name, "device": device_of(model), "weights": getattr(model, "weight_dtype", "fp32"),
+            "params": cfg.param_count(mtp=False), "T": T, "P": P,
+            "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
+
+
+def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trained", profile=E16_PROFILE,
+               T: int = 64, P: int = 32, device: str = "auto", dtype: str = "bf16", repeats: int = 1,
+               reps: int = 5, bandwidth: float | None = None, log=_quiet) -> dict:
+    """Every preset in turn (loaded with kestrel.load(name, device=, dtype=): the real shapes get
+    seeded random weights, drawn on the GPU there; freed before the next): measure_size at
+    k = 1..4 plus its roofline. -> a JSON-ready dict: {"device", "date", "ks", "policy",
+    "pairing", "profile", "bandwidth_Bps", "launch_ms_per_kernel", "sizes": [...], "skipped"}.
+    Each size: {"preset", "model", "weights", "params", "weight_bytes", "floor_ms",
+    "kernels_per_step", "greedy_ms_per_token", "units", "runs": [one row per k], "roofline"}."""
+    import kestrel
+    from ..backend import get_backend
+    ks = (k,) if isinstance(k, int) else tuple(k)
+    be = get_backend(device)
+    bw = bandwidth or copy_bandwidth(be)
+    log(f"(d) sweep on {getattr(be, 'device_name', device)}: {list(presets)}, k={list(ks)}, {policy}, "
+        f"{pairing} pairing, profile {profile}; copy bandwidth {bw / 1e9:.0f} GB/s")
+    sizes = []
+    for name in presets:
+        wd = native_dtype(name, dtype)
+        cfg = config_of(name)
+        t0 = time.time()
+        model = kestrel.load(name, device=device, dtype=wd)
+        s = measure_size(model, ks=ks, policy=policy, pairing=pairing, profile=profile, T=T, P=P,
+                         repeats=repeats, reps=reps, log=log)
+        del model
+        free_device_memory()
+        wb = weight_bytes(cfg, wd)
+        sizes.append({"preset": name, **s, "weight_bytes": wb, "floor_ms": wb / bw * 1e3,
+                      "kernels_per_step": kernels_per_step(cfg), "seconds": round(time.time() - t0, 1)})
+    launch = launch_cost(sizes)
+    from .units import UnitCosts
+    for s in sizes:
+        s["roofline"] = roofline(config_of(s["preset"]), dtype=native_dtype(s["preset"], dtype), bandwidth=bw,
+                                 launch_ms_per_kernel=launch, units=UnitCosts.from_dict(s["units"]))
+        r = s["roofline"]
+        log(f"  {s['preset']:13s} floor {r['floor_ms']:.3f} ms + launches {r['launch_ms']:.3f} ms "
+            f"({r['kernels_per_step']} x {launch * 1e3:.1f} us): {r['bound']}-bound; step {r['step_ms']:.3f} ms, "
+            f"verify(4)/step {r['verify_over_step'][max(r['verify_over_step'])]:.2f}")
+    return {"device": getattr(be, "device_name", device), "date": now(), "ks": list(ks),
+            "policy": Policy.parse(policy).name, "pairing": Pairing.parse(pairing).value,
+            "profile": list(profile), "T": T, "P": P, "repeats": repeats, "bandwidth_Bps": bw,
+            "launch_ms_per_kernel": launch, "sizes": sizes, "skipped": []}
+
+
+# ---- the 27B shape under every policy (scripts/bench_spec.py part (b)) ------------------------------------
+def state_bytes_per_token(cfg, policy, result) -> dict:
+    """The recurrent-state bytes the run's own rounds moved, per emitted token (from the config:
+    Policy.state_traffic), and what the policy keeps beside the live state."""
+    read = written = kept = 0
+    for x in result.rounds:
+        t = policy.state_traffic(cfg, x.k, x.n_ok)
+        read, written, kept = read + t["read"], written + t["written"], max(kept, t["kept"])
+    tok = max(1, sum(len(x.emitted) for x in result.rounds))
+    return {"read": read / tok, "written": written / tok, "kept": kept}
+
+
+def summary_of(results_, units, schedule: str | None = None):
+    """The runs' RunSummary, with the cost model priced for their own rounds."""
+    import dataclasses
+    c = compare(units, results_)
+    s = aggregate(results_)
+    return dataclasses.replace(s, schedule=schedule, predicted_ms_per_token=c["predicted_ms_per_token"],
+                               predicted_speedup=c["predicted_speedup"],
+                               predicted_phase_ms_per_token={ph: v / s.T for ph, v in c["predicted_phase_ms"].items()})
+
+
+def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, repeats: int = 3, reps: int = 7,
+               seed: int = 0, log=_quiet) -> dict:
+    """The replay drafter at one (large) shape: every schedule x every policy, each run `repeats`
+    times with greedy timed in the same call. -> the "large" section of results/bench_spec.json:
+    per run the RunSummary's dict of the repeat with the median speedup (phases, log, histogram,
+    the cost model beside it) with ms_per_token, greedy_ms_per_token and speedup replaced by
+    their medians over the repeats, and ms_per_token_range, speedup_range (min, max) added."""
+    from .driver import run_spec
+    cfg = model.cfg
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
+    log(f"(b) {model!r} ({model.source}, weights {getattr(model, 'weight_dtype', '?')}): P={P}, T={T}, "
+        f"{repeats} repeat(s); GDN state {cfg.gdn_state_bytes / 1e6:.1f} MB + conv {cfg.conv_state_bytes / 1e6:.2f} MB "
+        f"per mark/rollback copy")
+    t0 = time.time()
+    g_eng = Engine(model, max_seq=P + T + 8, mmax=1, batch="flex")
+    greedy_timed(model, prompt, min(T, 8), engine=g_eng)                          # warm-up: compile, capture
+    ref, g_ms, _ = greedy_timed(model, prompt, T, engine=g_eng)
+    log(f"  greedy: {g_ms / T:.3f} ms/token (reference stream; {time.time() - t0:.1f} s incl. warm-up)")
+    units = measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=reps)
+    engines = {(b, k): Engine(model, max_seq=P + T + 8, mmax=k, batch=b)
+               for b in ("strict", "flex") for k in sorted({s[1] for s in schedules})}
+    warm = min(T, 16)
+    for policy in POLICIES.values():                                              # warm-up: capture plans
+        for _, k, src, pairing in schedules:
+            run_spec(model, prompt, warm, k, policy, "replay", schedule=Schedule(**src, pairing=pairing),
+                     reference=ref[:warm], greedy=False, engine=engines[policy.batch, k])
+    rows = []
+    for sname, k, src, pairing in schedules:
+        for policy in POLICIES.values():
+            res = [run_spec(model, prompt, T, k, policy, "replay", schedule=Schedule(**src, pairing=pairing),
+                            reference=ref, greedy=True, engine=engines[policy.batch, k], greedy_engine=g_eng)
+                   for _ in range(repeats)]
+            sums = [summary_of([r], units, sname) for r in res]
+            sp, ms = [s.speedup for s in sums], [s.ms_per_token for s in sums]
+            mid = sorted(range(repeats), key=lambda i: sp[i])[(repeats - 1) // 2]
+            s = sums[mid]
+            row = {**s.to_dict(), "log": s.log_lines(),
+                   "predicted_from_schedule": predict(units, policy, pairing, k, **src).to_dict(),
+                   "state_bytes_per_token": state_bytes_per_token(cfg, policy, res[mid])}
+            row.update(ms_per_token=statistics.median(ms), ms_per_token_range=[min(ms), max(ms)],
+                       greedy_ms_per_token=statistics.median(x.greedy_ms_per_token for x in sums),
+                       speedup=statistics.median(sp), speedup_range=[min(sp), max(sp)], repeats=repeats,
+                       bit_exact=all(x.bit_exact for x in sums))
+            rows.append(row)
+            log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {row['ms_per_token']:.3f} ms/token "
+                f"({min(ms):.3f}..{max(ms):.3f}; greedy {row['greedy_ms_per_token']:.3f}) speedup "
+                f"{row['speedup']:.3f}x ({min(sp):.3f}..{max(sp):.3f}) | predicted {s.predicted_speedup:.3f}x; "
+                f"bit-exact {row['bit_exact']}")
+    del engines, g_eng
+    return {"model": cfg.name, "source": results.repo_relative(model.source),
+            "weights": getattr(model, "weight_dtype", "?"), "device": device_of(model), "P": P, "T": T,
+            "repeats": repeats, "gdn_state_bytes": cfg.gdn_state_bytes, "conv_state_bytes": cfg.conv_state_bytes,
+            "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
+
+
+# ---- for the book: live where the GPU holds it, else the results file ------------------------------------
+class Section:
+    """A results section and where it came from: `data` in results/bench_spec.json's format,
+    `live` (measured just now), `why` (what decided it), `prov` (device, date, command: for
+    kestrel.results.provenance and annotate) and `source`, one line that says all of it."""
+
+    def __init__(self, data: dict, live: bool, why: str, prov: dict, note: str = ""):
+        self.data, self.live, self.why, self.prov, self.note = data, live, why, prov, note
+
+    @property
+    def source(self) -> str:
+        where = "measured live here" if self.live else "read from results/bench_spec.json"
+        line = f"{where}: {results.provenance(self.prov)}; {self.why}"
+        return line + (f"; {self.note}" if self.note else "")
+
+
+def _recorded(section: str):
+    """(bench_spec.json's section, its provenance dict) or (None, None)."""
+    try:
+        d = results.load("bench_spec")
+    except FileNotFoundError:
+        return None, None
+    sec = d.get(section)
+    if not sec:
+        return None, None
+    return sec, {**d, "device": sec.get("device", d.get("device"))}
+
+
+def _live_prov(device: str, what: str) -> dict:
+    return {"device": device, "date": now(), "command": what}
+
+
+def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64, P: int = 32,
+                 repeats: int = 1, fallback_T: int = 16, log=_quiet) -> Section:
+    """The size sweep: live when a CUDA GPU holds the largest preset (live=None decides), else
+    results/bench_spec.json's "sweep" section; if that file has none yet, the sweep runs here,
+    on this machine's backend, for the presets it can run (T=fallback_T), and says so."""
+    ok, why = gpu_fits(presets)
+    if live is None:
+        live = ok
+    if live:
+        d = size_sweep(presets, T=T, P=P, device="cuda", repeats=repeats, log=log)
+        return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.size_sweep"))
+    sec, prov = _recorded("sweep")
+    if sec is not None:
+        return Section(sec, False, why, prov)
+    here, skipped = runnable(presets + tuple(p for p in QUICK_PRESETS if p not in presets))
+    d = size_sweep(here, T=fallback_T, P=min(P, 16), repeats=repeats, log=log)
+    d["skipped"] = [{"preset": p, "why": w} for p, w in skipped]
+    note = (f"results/bench_spec.json has no sweep yet, so it ran on this machine for "
+            f"{', '.join(here)} (T = {fallback_T})")
+    return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.size_sweep"), note)
+
+
+def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64, P: int = 32, repeats: int = 3,
+                  log=_quiet) -> Section:
+    """The 27B runs of scripts/bench_spec.py part (b): live (random bf16 weights, the same
+    large_runs) when a CUDA GPU holds the shape (live=None decides), else the results file."""
+    ok, why = gpu_fits([preset])
+    if live is None:
+        live = ok
+    if live:
+        import kestrel
+        model = kestrel.load(preset, device="cuda", dtype="bf16")
+        d = large_runs(model, T=T, P=P, repeats=repeats, log=log)
+        del model
+        free_device_memory()
+        return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.large_runs"))
+    sec, prov = _recorded("large")
+    if sec is None:
+        raise FileNotFoundError("results/bench_spec.json has no 'large' section and no GPU here holds "
+                                f"{preset}: run scripts/bench_spec.py on a GPU")
+    return Section(sec, False, why, prov)
+
+
+# ---- reading a sweep --------------------------------------------------------------------------------------
+def rows(sweep: dict) -> list:
+    """Every run of a sweep as one flat row: the size's preset, weight bytes and bound beside it."""
+    return [{"preset": s["preset"], "weight_bytes": s["weight_bytes"], "bound": s["roofline"]["bound"], **r}
+            for s in sweep["sizes"] for r in s["runs"]]
+
+
+def beats_greedy(sweep: dict) -> dict:
+    """preset -> the best k's row if any k beat greedy (speedup > 1, median of the repeats), else None."""
+    out = {}
+    for s in sweep["sizes"]:
+        best = max(s["runs"], key=lambda r: r["speedup"])
+        out[s["preset"]] = best if best["speedup"] > 1 else None
+    return out
+
+
+__all__ = ["SIZE_PRESETS", "QUICK_PRESETS", "KS", "LARGE", "LARGE_SCHEDULES", "ALPHA_2P8", "size_sweep",
+           "measure_size", "roofline", "weight_bytes", "kernels_per_step", "copy_bandwidth", "launch_cost",
+           "gpu_fits", "runnable", "large_runs", "summary_of", "state_bytes_per_token", "Section",
+           "size_section", "large_section", "rows", "beats_greedy", "config_of", "native_dtype"]
