@@ -54,16 +54,18 @@
 //          once for all MT activation rows: one pass over W serves a whole verify batch.
 //          VEC = elements per 16-byte weight load (8 bf16, 4 fp32), or 1 (scalar fallback for
 //          K, ldw or pointers that are not 16-byte multiples).
-//          M = 1: MT = 1, RR = 4 rows per warp group; M = 2..4: MT = 4, RR = 4; wider: MT = 8, RR = 8.
-// PDL      the first weight chunk is loaded before griddep_wait(): under programmatic dependent
-//          launch a projection starts streaming its weights while the previous kernel finishes.
+//          (MT, RR, PF) per M: GEMV_FMA_BF16 in kestrel/ops/linear.py (MT = M up to 4, then 8).
+//          PF register stages of RR 16-byte weight chunks each: PF − 1 chunks in flight per lane.
+// PDL      the first PF − 1 weight chunks are loaded before griddep_wait(): under programmatic
+//          dependent launch a projection starts streaming while the previous kernel finishes.
 // Order    lane l of warp w (of the ksplit) sums chunks c = 32w + l, 32w + l + 32·ksplit, ... in
 //          increasing c, the VEC elements of a chunk in order, with fmaf, separately for each
 //          row m; then a warp xor-butterfly; then the ksplit warps in index order. Nothing here
-//          depends on M, MT or RR, so row m of a launch is bit-identical to that row launched
+//          depends on M, MT, RR or PF, so row m of a launch is bit-identical to that row launched
 //          alone (batch invariance), given the same K (hence ksplit and VEC).
 //          The arithmetic grows with M (MT · 8 fmaf per 16-byte load), which is why M = 4 streams
-//          slower than M = 1 here.
+//          slower than M = 1 here: deeper stages made it slower still (registers, so occupancy),
+//          so the limit is the instructions per weight byte, not the loads in flight.
 #include "common.cuh"
 
 // element e of a 16-byte chunk (e is a compile-time constant after unrolling)
@@ -111,7 +113,7 @@ __device__ __forceinline__ void load_x(const float* __restrict__ x, float* xv) {
     }
 }
 
-template <bool BF16, int VEC, int MT, int RR, int EPI>
+template <bool BF16, int VEC, int MT, int RR, int PF, int UP, int EPI>
 __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, const float* __restrict__ X, int ldx,
                                           float* __restrict__ Y, int ldy, int N, int K, int M, int half, int ksplit) {
     constexpr int RL = (EPI == 2) ? RR / 2 : RR;   // output rows per warp group
@@ -141,33 +143,49 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
         for (int r = 0; r < RR; ++r) acc[m][r] = 0.0f;
 
     const float* xb = X + (i64)m0 * ldx;
-    int c = wk * 32 + lane;
-    uint4 cur[RR], nxt[RR];
-    if (c < nch) {   // weights only: safe before the dependency wait
+    const int c0 = wk * 32 + lane;
+    uint4 w[PF][RR];   // chunk c0 + j·stride lives in stage j % PF: PF − 1 chunks in flight
 #pragma unroll
-        for (int r = 0; r < RR; ++r) cur[r] = rok[r] ? load_wchunk<BF16, VEC>(W, roff[r] + (i64)c * VEC) : make_uint4(0u, 0u, 0u, 0u);
+    for (int j = 0; j < PF - 1; ++j) {   // weights only: safe before the dependency wait
+        const int c = c0 + j * stride;
+        if (c < nch) {
+#pragma unroll
+            for (int r = 0; r < RR; ++r) w[j][r] = rok[r] ? load_wchunk<BF16, VEC>(W, roff[r] + (i64)c * VEC) : make_uint4(0u, 0u, 0u, 0u);
+        }
     }
     griddep_launch();
     griddep_wait();
-    for (; c < nch; c += stride) {
-        const int cn = c + stride;
-        if (cn < nch) {   // prefetch the next chunk's weights before using this one
+    for (int cs = c0; cs < nch; cs += PF * stride) {
 #pragma unroll
-            for (int r = 0; r < RR; ++r) nxt[r] = rok[r] ? load_wchunk<BF16, VEC>(W, roff[r] + (i64)cn * VEC) : make_uint4(0u, 0u, 0u, 0u);
-        }
+        for (int j = 0; j < PF; ++j) {
+            const int c = cs + j * stride;
+            if (c >= nch) break;
+            const int cn = c + (PF - 1) * stride;
+            if (cn < nch) {   // refill the stage freed last: PF − 1 chunks ahead of this one
 #pragma unroll
-        for (int m = 0; m < MT; ++m) {
-            if (m < mc) {
-                float xv[VEC];
-                load_x<VEC>(xb + (i64)m * ldx + (i64)c * VEC, xv);
+                for (int r = 0; r < RR; ++r)
+                    w[(j + PF - 1) % PF][r] = rok[r] ? load_wchunk<BF16, VEC>(W, roff[r] + (i64)cn * VEC) : make_uint4(0u, 0u, 0u, 0u);
+            }
+            float wf[UP ? RR : 1][UP ? VEC : 1];   // UP: the weights widened once for all MT rows
+            if constexpr (UP) {
 #pragma unroll
                 for (int r = 0; r < RR; ++r)
 #pragma unroll
-                    for (int e = 0; e < VEC; ++e) acc[m][r] = fmaf(w_elem<BF16, VEC>(cur[r], e), xv[e], acc[m][r]);
+                    for (int e = 0; e < VEC; ++e) wf[r][e] = w_elem<BF16, VEC>(w[j][r], e);
+            }
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                if (m < mc) {
+                    float xv[VEC];
+                    load_x<VEC>(xb + (i64)m * ldx + (i64)c * VEC, xv);
+#pragma unroll
+                    for (int r = 0; r < RR; ++r)
+#pragma unroll
+                        for (int e = 0; e < VEC; ++e)
+                            acc[m][r] = fmaf(UP ? wf[UP ? r : 0][UP ? e : 0] : w_elem<BF16, VEC>(w[j][r], e), xv[e], acc[m][r]);
+                }
             }
         }
-#pragma unroll
-        for (int r = 0; r < RR; ++r) cur[r] = nxt[r];
     }
 
 #pragma unroll
@@ -199,32 +217,32 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
     }
 }
 
-#define GEMV_KERNEL(NAME, BF16, VEC, MT, RR, EPI)                                                                        \
+#define GEMV_KERNEL(NAME, BF16, VEC, MT, RR, PF, UP, EPI)                                                                        \
     extern "C" __global__ void __launch_bounds__(LINEAR_THREADS) NAME(const void* __restrict__ W, int ldw,                        \
                                                              const float* __restrict__ X, int ldx,                    \
                                                              float* __restrict__ Y, int ldy, int N, int K, int M,     \
                                                              int half, int ksplit) {                                      \
-        gemv_body<BF16, VEC, MT, RR, EPI>(W, ldw, X, ldx, Y, ldy, N, K, M, half, ksplit);                                 \
+        gemv_body<BF16, VEC, MT, RR, PF, UP, EPI>(W, ldw, X, ldx, Y, ldy, N, K, M, half, ksplit);                                 \
     }
 
-#define GEMV_KERNEL_EPIS(P, BF16, VEC, MT, RR) \
-    GEMV_KERNEL(P##_e0, BF16, VEC, MT, RR, 0)  \
-    GEMV_KERNEL(P##_e1, BF16, VEC, MT, RR, 1)  \
-    GEMV_KERNEL(P##_e2, BF16, VEC, MT, RR, 2)
+#define GEMV_KERNEL_EPIS(P, BF16, VEC, MT, RR, PF, UP) \
+    GEMV_KERNEL(P##_e0, BF16, VEC, MT, RR, PF, UP, 0)  \
+    GEMV_KERNEL(P##_e1, BF16, VEC, MT, RR, PF, UP, 1)  \
+    GEMV_KERNEL(P##_e2, BF16, VEC, MT, RR, PF, UP, 2)
 
-// vector paths: MT = 1 (one row: step), 4 (verify widths 2..4), 8 (wider batches, prefill chunks);
-// RR = 4 weight rows per warp group except for MT = 8 (more blocks, better balance on N = 5120)
-GEMV_KERNEL_EPIS(gemv_bf16_v8_m1, true, 8, 1, 4)
-GEMV_KERNEL_EPIS(gemv_bf16_v8_m4, true, 8, 4, 4)
-GEMV_KERNEL_EPIS(gemv_bf16_v8_m8, true, 8, 8, 8)
-GEMV_KERNEL_EPIS(gemv_f32_v4_m1, false, 4, 1, 4)
-GEMV_KERNEL_EPIS(gemv_f32_v4_m4, false, 4, 4, 4)
-GEMV_KERNEL_EPIS(gemv_f32_v4_m8, false, 4, 8, 8)
+// vector paths (MT activation rows a block, RR weight rows a warp group, PF register stages,
+// UP: widen the weights to fp32 once per chunk, before the MT rows use them):
+// the engine's choice per M is GEMV_FMA in kestrel/ops/linear.py; GEMV_FMA_SWEEP (benchmarks) adds
+// the rest. Every instantiation sums in the same order (see Order above): they agree bit for bit.
+#define GEMV_BF16(MT, RR, PF, UP) GEMV_KERNEL_EPIS(gemv_bf16_v8_m##MT##_r##RR##_p##PF##_u##UP, true, 8, MT, RR, PF, UP)
+#define GEMV_F32(MT, RR, PF, UP) GEMV_KERNEL_EPIS(gemv_f32_v4_m##MT##_r##RR##_p##PF##_u##UP, false, 4, MT, RR, PF, UP)
+GEMV_VARIANTS_BF16
+GEMV_VARIANTS_F32
 // scalar fallback (unaligned K): MT = 1 or 8
-GEMV_KERNEL_EPIS(gemv_bf16_v1_m1, true, 1, 1, 4)
-GEMV_KERNEL_EPIS(gemv_bf16_v1_m8, true, 1, 8, 8)
-GEMV_KERNEL_EPIS(gemv_f32_v1_m1, false, 1, 1, 4)
-GEMV_KERNEL_EPIS(gemv_f32_v1_m8, false, 1, 8, 8)
+GEMV_KERNEL_EPIS(gemv_bf16_v1_m1, true, 1, 1, 4, 2, 0)
+GEMV_KERNEL_EPIS(gemv_bf16_v1_m8, true, 1, 8, 8, 2, 0)
+GEMV_KERNEL_EPIS(gemv_f32_v1_m1, false, 1, 1, 4, 2, 0)
+GEMV_KERNEL_EPIS(gemv_f32_v1_m8, false, 1, 8, 8, 2, 0)
 
 // ================================ tensor-core path (bf16 weights) ================================
 

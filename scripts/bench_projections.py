@@ -37,6 +37,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+if __name__ == "__main__":   # compile every CUDA-core shape of fma_sweep (before kestrel.ops.linear is imported)
+    import os
+    os.environ.setdefault("KESTREL_GEMV_SWEEP", "1")
 from kestrel.results import recorded_command  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -267,12 +270,12 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, rk, sink, rotate_bytes, s
     best = min(rd, key=lambda v: rd[v]["us"])
     R["read"] = dict(rd[best], variant=best, GBps=gbps(rd[best]))
 
-    def ours(kernel, M, variant=None, ks=None):
+    def ours(kernel, M, variant=None, ks=None, fma=None):
         launches = []
         for i in range(per_graph):
             w = Ws[i % nbuf]
             if variant is None:
-                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel))
+                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel, fma=fma))
             else:
                 launches.append(linear.gemv_tc_launch(w, x, Y, M, K, K, N, epi, half, variant=variant, ks=ks))
 
@@ -313,11 +316,39 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, rk, sink, rotate_bytes, s
                     r[f"M{M}_us"] = ours("tensor", M, variant, ks)["us"]
                 R["sweep"].append(r)
                 log(f"  sweep RT,U,ST={variant} ks={ks}: M=1 {r['M1_us']:.1f} us, M=8 {r['M8_us']:.1f} us")
+        R["fma_sweep"] = fma_sweep(be, cp, linear, Ws[0], x, y0, N, K, epi, half, ours)
     del Ws, tw, xb
     cp.get_default_memory_pool().free_all_blocks()
     if torch is not None:
         torch.cuda.empty_cache()
     return R
+
+
+def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
+    """The CUDA-core GEMV's shapes (MT, RR, PF) at each M: time, and whether its rows are
+    bit-identical to the engine's shape (they sum in one order, so they must be)."""
+    from kestrel.cuda import launch as L
+
+    def run(M, fma):
+        y = y0[:M].copy()
+        L.go(linear.gemv_launch(W, x[:M], y, M, K, K, N, epi, half, bf16_gemv="fma", fma=fma), be.stream)
+        return y
+    out = []
+    for M in MS:
+        ref = run(M, None)
+        for fma in linear.GEMV_FMA_SWEEP:
+            mt = fma[0]
+            if not (mt == M or (mt == 4 and M < 4 and M > 1) or (mt == 8 and M > 4)):
+                continue
+            same = bool(cp.array_equal(run(M, fma), ref))
+            fn, grid = linear.gemv_launch(W, x[:M], y0[:M], M, K, K, N, epi, half, bf16_gemv="fma", fma=fma)[:2]
+            out.append({"M": M, "shape": list(fma), "engine": tuple(fma) == linear.fma_shape(True, M),
+                        "us": ours("fma", M, fma=fma)["us"], "bit_identical": same,
+                        "regs": int(fn.num_regs), "blocks": int(grid[0] * grid[1])})
+        log(f"  fma shapes M={M}: " + "  ".join(f"{tuple(r['shape'])}{'*' if r['engine'] else ''} {r['us']:.1f}us "
+                                                 f"r{r['regs']} b{r['blocks']}{'' if r['bit_identical'] else ' NOT-IDENTICAL'}"
+                                                 for r in out if r["M"] == M))
+    return out
 
 
 def profile_once(shape, ms=(1, 4)):
@@ -361,8 +392,8 @@ def render_md(R: dict) -> str:
           "over the same weight buffers (the floor at that size). *fma*: kestrel's CUDA-core GEMV; *tensor*: its "
           "tensor-core GEMV (both batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 "
           "activations and output, no epilogue. *tensor ÷ cuBLAS* < 1: kestrel faster.", "",
-          "| shape | M | read | fma | tensor | cuBLAS | tensor ÷ cuBLAS | tensor ÷ fma | cuBLAS row 0 = M=1 |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          "| shape | M | read | fma | tensor | cuBLAS | engine ÷ cuBLAS | tensor ÷ cuBLAS | tensor ÷ fma | cuBLAS row 0 = M=1 |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for s in R["shapes"]:
         if "error" in s:
             L.append(f"| {s['shape']} | error: {s['error'][:100]} |" + " |" * 7)
@@ -372,10 +403,12 @@ def render_md(R: dict) -> str:
             def c(k):
                 return f"{e[k]['us']:.1f} ({e[k]['GBps']:.0f})" if k in e else "—"
             tc_cb = f"{e['tensor']['us'] / e['cublas']['us']:.2f}" if "cublas" in e else "—"
+            eng = e[R["engine_bf16_gemv"]]["us"]
+            en_cb = f"{eng / e['cublas']['us']:.2f}" if "cublas" in e else "—"
             tc_f = f"{e['tensor']['us'] / e['fma']['us']:.2f}"
             r0 = "—" if inv is None else ("yes" if inv[int(M) - 1] else "**no**")
             L.append(f"| {s['shape']} | {M} | {s['read']['us']:.1f} ({s['read']['GBps']:.0f}) | {c('fma')} | "
-                     f"{c('tensor')} | {c('cublas')} | {tc_cb} | {tc_f} | {r0} |")
+                     f"{c('tensor')} | {c('cublas')} | {en_cb} | {tc_cb} | {tc_f} | {r0} |")
     L += ["", "Correctness at each shape (x: 8 random rows; the NumPy twin on the first 1024 output rows; outputs "
           "poisoned with NaN first; invariance: every row of each M = 1..8 launch against that row launched alone, "
           "bit for bit). cuBLAS: is each row of an M-row product bit-identical to that row alone, for M = 1..8?", "",
@@ -401,6 +434,19 @@ def render_md(R: dict) -> str:
                 mark = "**" if (q["variant"] == s["tc_variant"] and q["ksplit"] == s["tc_ksplit"]) else ""
                 cells.append(f"{mark}{q['M1_us']:.1f} / {q['M8_us']:.1f}{mark}")
             L.append(f"| {','.join(map(str, r['variant']))} | {r['ksplit']} | " + " | ".join(cells) + " |")
+    fs = [s for s in R["shapes"] if s.get("fma_sweep")]
+    if fs:
+        L += ["", "CUDA-core shapes: MT activation rows a block, RR weight rows a warp group, PF register stages; "
+              "µs at each M, the engine's shape in bold; every shape's rows bit-identical to the engine's: "
+              + ("yes" if all(r["bit_identical"] for s in fs for r in s["fma_sweep"]) else "**no**") + ".", "",
+              "| M | MT,RR,PF | " + " | ".join(s["shape"] for s in fs) + " |", "|---|---|" + "---|" * len(fs)]
+        for i, r in enumerate(fs[0]["fma_sweep"]):
+            cells = []
+            for s in fs:
+                q = s["fma_sweep"][i]
+                mark = "**" if q["engine"] else ""
+                cells.append(f"{mark}{q['us']:.1f}{mark}")
+            L.append(f"| {r['M']} | {','.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
           "(kestrel/ops/linear.py, BF16_GEMV)."]
     return "\n".join(L) + "\n"

@@ -44,7 +44,10 @@ def cdiv(a: int, b: int) -> int:
 
 
 def macro(v) -> str:
-    """A Python constant as a C literal: floats as exact float32 hex literals."""
+    """A Python constant as a C literal: floats as exact float32 hex literals; a str is source
+    text (a list of kernel instantiations), passed as written."""
+    if isinstance(v, str):
+        return v
     if isinstance(v, (float, np.floating)):
         return float(np.float32(v)).hex() + "f"
     return str(int(v))

@@ -25,7 +25,27 @@ from ..cuda import launch as L
 
 ROWS = 8                # one fixed CPU GEMM shape; >= any verify width kestrel uses (k <= 8)
 LINEAR_THREADS = 128    # 4 warps a block
-CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS}
+
+# CUDA-core GEMV shapes (MT activation rows a block, RR weight rows a warp group, PF register
+# stages, UP 1: widen the weights once for all MT rows), by the widest M they serve: the first
+# entry with M <= its key is used. All of them sum in one order, so the choice changes speed,
+# never bits. MT = M exactly up to 4: a block that holds accumulators for rows it does not have
+# costs registers, hence occupancy (at M = 2 the 4-row shape streamed in_proj 13% slower).
+GEMV_FMA_BF16 = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 8: (8, 4, 2, 0)}
+GEMV_FMA_F32 = GEMV_FMA_BF16
+# benchmarks (KESTREL_GEMV_SWEEP=1): these shapes are compiled too
+GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
+                              | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
+
+
+def _instantiations(kind: str, table: dict) -> str:
+    shapes = set(table.values()) | (set(GEMV_FMA_SWEEP) if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else set())
+    return " ".join(f"{kind}({mt},{rr},{pf},{up})" for mt, rr, pf, up in sorted(shapes))
+
+
+CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS,
+                "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", GEMV_FMA_BF16),
+                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA_F32)}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
 BF16_GEMVS = ("fma", "tensor")
@@ -96,13 +116,20 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
     return fn, grid, (32 * ks * tpb,), args, 0
 
 
+def fma_shape(bf16: bool, M: int) -> tuple:
+    """(MT, RR, PF, UP) of the CUDA-core GEMV for an M-row launch (wider M: MT rows per grid.y)."""
+    table = GEMV_FMA_BF16 if bf16 else GEMV_FMA_F32
+    return next((v for m, v in sorted(table.items()) if M <= m), table[max(table)])
+
+
 def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                bf16_gemv: str | None = None):
+                bf16_gemv: str | None = None, fma: tuple | None = None):
     """(fn, grid, block, args, smem) for Y (op)= X · Wᵀ over M rows.
 
     W [N, K] (uint16 bf16 bits or float32, C-contiguous rows), X [M, ldx], Y [M, ldy].
     epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows).
-    bf16_gemv: "fma" or "tensor" for bf16 weights (default BF16_GEMV)."""
+    bf16_gemv: "fma" or "tensor" for bf16 weights (default BF16_GEMV).
+    fma: (MT, RR, PF, UP) of the CUDA-core kernel, benchmarks only (default fma_shape)."""
     bf16 = W.dtype == np.uint16
     which = bf16_gemv or BF16_GEMV
     if which not in BF16_GEMVS:
@@ -113,14 +140,19 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
     v = 8 if bf16 else 4
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0
                 and X.data.ptr % 16 == 0) else 1
-    mt = 1 if M == 1 else (4 if (M <= 4 and vec > 1) else 8)
-    rr = 8 if mt == 8 else 4
+    if vec > 1:
+        mt, rr, pf, up = fma or fma_shape(bf16, M)
+        name = f"gemv_{'bf16' if bf16 else 'f32'}_v{vec}_m{mt}_r{rr}_p{pf}_u{up}"
+    else:
+        mt = 1 if M == 1 else 8
+        rr = 8 if mt == 8 else 4
+        name = f"gemv_{'bf16' if bf16 else 'f32'}_v1_m{mt}"
     epi = EPI[epilogue]
     rl = rr // 2 if epi == 2 else rr
     ks = ksplit(K)
     nout = half if epi == 2 else N
     grid = (L.cdiv(nout, rl * ((LINEAR_THREADS // 32) // ks)), L.cdiv(M, mt))
-    fn = L.kernel("linear", f"gemv_{'bf16' if bf16 else 'f32'}_v{vec}_m{mt}_e{epi}")
+    fn = L.kernel("linear", f"{name}_e{epi}")
     args = (L.ptr(W), L.i32(ldw), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M),
             L.i32(half), L.i32(ks))
     return fn, grid, (LINEAR_THREADS,), args, 0
