@@ -377,6 +377,15 @@ def profile_once(shape, ms=(1, 4)):
 
 
 # ---- report ------------------------------------------------------------------------------------------
+def step_uses(preset="qwen3.5-27b") -> dict:
+    """How many times one decode step runs each projection shape of SHAPES (from the config)."""
+    from kestrel.config import PRESETS
+    c = PRESETS[preset]
+    g, a = len(c.gdn_layers), len(c.attn_layers)
+    return {SHAPES[0][0]: g, SHAPES[1][0]: a, SHAPES[2][0]: g + a, SHAPES[3][0]: g + a, SHAPES[4][0]: g + a,
+            SHAPES[5][0]: 1}
+
+
 def render_md(R: dict) -> str:
     rb, cb = R["read_bandwidth"], R["copy"]
     fl = R.get("floor_27b", {})
@@ -437,9 +446,10 @@ def render_md(R: dict) -> str:
     fs = [s for s in R["shapes"] if s.get("fma_sweep")]
     if fs:
         L += ["", "CUDA-core shapes: MT activation rows a block, RR weight rows a warp group, PF register stages; "
+              "UP 1: weights widened to fp32 once for all MT rows; "
               "µs at each M, the engine's shape in bold; every shape's rows bit-identical to the engine's: "
               + ("yes" if all(r["bit_identical"] for s in fs for r in s["fma_sweep"]) else "**no**") + ".", "",
-              "| M | MT,RR,PF | " + " | ".join(s["shape"] for s in fs) + " |", "|---|---|" + "---|" * len(fs)]
+              "| M | MT,RR,PF,UP | " + " | ".join(s["shape"] for s in fs) + " |", "|---|---|" + "---|" * len(fs)]
         for i, r in enumerate(fs[0]["fma_sweep"]):
             cells = []
             for s in fs:
@@ -447,6 +457,19 @@ def render_md(R: dict) -> str:
                 mark = "**" if q["engine"] else ""
                 cells.append(f"{mark}{q['us']:.1f}{mark}")
             L.append(f"| {r['M']} | {','.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
+    uses = step_uses()
+    if all(s["shape"] in uses for s in R["shapes"] if "times" in s):
+        L += ["", "All projections of one 27B decode step (each shape times the layers that use it: "
+              + ", ".join(f"{k} ×{v}" for k, v in uses.items()) + "), ms, and against M = 1:", "",
+              "| M | kestrel (engine) | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |", "|---|---|---|---|---|---|"]
+        tot = {}
+        for M in MS:
+            e = sum(uses[s["shape"]] * s["times"][str(M)][R["engine_bf16_gemv"]]["us"] for s in R["shapes"]) / 1e3
+            c = sum(uses[s["shape"]] * s["times"][str(M)].get("cublas", {}).get("us", float("nan"))
+                    for s in R["shapes"]) / 1e3
+            rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3
+            tot[M] = (e, c)
+            L.append(f"| {M} | {e:.2f} | {e / tot[1][0]:.3f} | {c:.2f} | {c / tot[1][1]:.3f} | {rd:.2f} |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
           "(kestrel/ops/linear.py, BF16_GEMV)."]
     return "\n".join(L) + "\n"
