@@ -188,7 +188,7 @@ def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
     of `presets` (weights x headroom, one at a time), else (False, why)."""
     from ..backend import cuda_available, get_backend
     if not cuda_available():
-        return False, f"no CUDA GPU is visible here (backend: {get_backend('cpu').device_name})"
+        return False, f"no CUDA GPU is visible here; the backend is {get_backend('cpu').device_name}"
     be = get_backend("auto")
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
@@ -417,8 +417,11 @@ class Section:
 
     @property
     def source(self) -> str:
-        where = "measured live here" if self.live else "read from results/bench_spec.json"
-        line = f"{where}: {results.provenance(self.prov)}; {self.why}"
+        p = self.prov
+        if self.live:
+            line = f"measured live here, on {p['device']} at {p['date']} (`{p['command']}`); {self.why}"
+        else:
+            line = f"read from results/bench_spec.json: {results.provenance(p)}; {self.why}"
         return line + (f"; {self.note}" if self.note else "")
 
 
