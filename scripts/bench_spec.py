@@ -11,8 +11,8 @@
       pairing, k=4: the mean acceptance length reported for Qwen3.6-27B's MTP head with three
       draft tokens), under every policy, with each phase's cost and the recurrent-state bytes
       each round moved (from the config: Policy.state_traffic). Each run is repeated --repeats
-      times (single runs vary by about 10%): ms/token and speedup are the medians, with their
-      min..max range (spec.large_runs, which the book also runs live on a GPU that holds the shape).
+      times (single runs vary by about 10%): ms/token the medians, speedup greedy / spec of the
+      medians, each with the repeats' min..max range (spec.large_runs, which the book also runs live on a GPU that holds the shape).
   (c) the cost model: unit costs measured on each model; the prediction for each run's own
       rounds beside its measurement, and the pure prediction from the histogram/profile.
   (d) the sweep over sizes: tiny, 0.8B, 4B, 9B, 27B (random bf16 weights for the real shapes,
@@ -193,7 +193,7 @@ def markdown(d) -> str:
         L += [f"## (b) {b['model']} shape, random {b['weights']} weights, replay drafter ({b['device']})", "",
               f"P={b['P']}, T={b['T']}; greedy {_x(b['greedy_ms_per_token'])} ms/token; each mark/rollback copies "
               f"{(b['gdn_state_bytes'] + b['conv_state_bytes']) / 1e6:.1f} MB of GDN state. Each run repeated "
-              f"{b.get('repeats', 1)} time(s): ms/token and speedup are medians (min..max); phases, histogram "
+              f"{b.get('repeats', 1)} time(s): ms/token are medians, speedup greedy / spec of the medians (min..max of the repeats); phases, histogram "
               "and log are the repeat with the median speedup.", "",
               "| schedule | pairing | policy | k | ms/token | speedup | predicted (run's rounds) | predicted "
               "(schedule) | draft | mark | verify | rollback | replay | sync | bookkeeping | histogram | bit-exact |",

@@ -234,17 +234,18 @@ def free_device_memory():
 
 # ---- one size, k = 1..4 --------------------------------------------------------------------------------
 def _median_row(results_, units, **extra) -> dict:
-    """One configuration run R times: medians and ranges of ms/token and speedup; the rest
+    """One configuration run R times: medians and ranges of ms/token, the speedup of the medians
+    (greedy / spec, as RunSummary.speedup) and the range of the repeats' speedups; the rest
     (histogram, advance, the cost model's speedup) from the repeat with the median speedup."""
     sums = [r.summary() for r in results_]
     sp = [s.speedup for s in sums]
     ms = [s.ms_per_token for s in sums]
     mid = sorted(range(len(sums)), key=lambda i: sp[i])[(len(sums) - 1) // 2]
     s = sums[mid]
+    g_med, ms_med = statistics.median(x.greedy_ms_per_token for x in sums), statistics.median(ms)
     return {**extra, "k": s.k, "policy": s.policy.name, "pairing": s.pairing.value,
-            "ms_per_token": statistics.median(ms), "ms_per_token_range": [min(ms), max(ms)],
-            "greedy_ms_per_token": statistics.median(x.greedy_ms_per_token for x in sums),
-            "speedup": statistics.median(sp), "speedup_range": [min(sp), max(sp)], "repeats": len(sums),
+            "ms_per_token": ms_med, "ms_per_token_range": [min(ms), max(ms)], "greedy_ms_per_token": g_med,
+            "speedup": g_med / ms_med, "speedup_range": [min(sp), max(sp)], "repeats": len(sums),
             "predicted_speedup": compare(units, results_[mid])["predicted_speedup"],
             "advance_per_round": s.advance_per_round, "hist": {int(n): int(c) for n, c in s.hist.items()},
             "bit_exact": all(x.bit_exact for x in sums)}
@@ -356,8 +357,9 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
     """The replay drafter at one (large) shape: every schedule x every policy, each run `repeats`
     times with greedy timed in the same call. -> the "large" section of results/bench_spec.json:
     per run the RunSummary's dict of the repeat with the median speedup (phases, log, histogram,
-    the cost model beside it) with ms_per_token, greedy_ms_per_token and speedup replaced by
-    their medians over the repeats, and ms_per_token_range, speedup_range (min, max) added."""
+    the cost model beside it) with ms_per_token and greedy_ms_per_token replaced by their medians
+    over the repeats, speedup by greedy / spec of those medians, and ms_per_token_range,
+    speedup_range (min, max over the repeats) added."""
     from .driver import run_spec
     cfg = model.cfg
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
@@ -390,9 +392,11 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
             row = {**s.to_dict(), "log": s.log_lines(),
                    "predicted_from_schedule": predict(units, policy, pairing, k, **src).to_dict(),
                    "state_bytes_per_token": state_bytes_per_token(cfg, policy, res[mid])}
-            row.update(ms_per_token=statistics.median(ms), ms_per_token_range=[min(ms), max(ms)],
-                       greedy_ms_per_token=statistics.median(x.greedy_ms_per_token for x in sums),
-                       speedup=statistics.median(sp), speedup_range=[min(sp), max(sp)], repeats=repeats,
+            g_med, ms_med = statistics.median(x.greedy_ms_per_token for x in sums), statistics.median(ms)
+            # speedup means greedy / spec ms per token everywhere (RunSummary.speedup): here of the
+            # medians, which lies within the repeats' range of speedups
+            row.update(ms_per_token=ms_med, ms_per_token_range=[min(ms), max(ms)], greedy_ms_per_token=g_med,
+                       speedup=g_med / ms_med, speedup_range=[min(sp), max(sp)], repeats=repeats,
                        bit_exact=all(x.bit_exact for x in sums))
             rows.append(row)
             log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {row['ms_per_token']:.3f} ms/token "
@@ -492,7 +496,7 @@ def rows(sweep: dict) -> list:
 
 
 def beats_greedy(sweep: dict) -> dict:
-    """preset -> the best k's row if any k beat greedy (speedup > 1, median of the repeats), else None."""
+    """preset -> the best k's row if any k beat greedy (speedup > 1, of the repeats' medians), else None."""
     out = {}
     for s in sweep["sizes"]:
         best = max(s["runs"], key=lambda r: r["speedup"])
