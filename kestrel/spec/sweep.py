@@ -176,8 +176,8 @@ def roofline(cfg, *, dtype: str, bandwidth: float, launch_ms_per_kernel: float, 
 
 def launch_cost(sizes: list) -> float:
     """The fixed cost of one kernel, from measurements: per size, what its step costs beyond
-    reading its weights, per kernel; the smallest of these (the size whose kernels move almost
-    nothing) is the launch cost every kernel pays."""
+    reading its weights, per kernel; the smallest of these, an upper bound on what every kernel
+    pays (each size's figure also holds its kernels' own work beyond the weight reads)."""
     per = [max(s["units"]["step"] - s["floor_ms"], 0.0) / s["kernels_per_step"] for s in sizes]
     return min(per) if per else 0.0
 
