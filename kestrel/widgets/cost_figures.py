@@ -138,8 +138,8 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
     title = title or "Predicted speedup vs k, per policy (slider: flat acceptance α)"
     fig = layout_fig(None, height, xaxis=dict(title="k (drafts per round)", tickvals=ks),
                      yaxis=dict(title="speedup vs greedy (×)", range=[0, ymax * 1.08 + 0.05]),
-                     legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0),
-                     margin=dict(l=60, r=20, t=90, b=120))
+                     legend=dict(orientation="v", yanchor="top", y=1.0, x=1.02),   # beside: above, it
+                     margin=dict(l=60, r=190, t=90, b=120))                      # covered the title
 
     def traces(i):
         return [dict(type="scatter", x=ks, y=curves[(pol, pr)][i], mode="lines+markers", name=f"{pol} · {pr}",
