@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -52,17 +51,8 @@ def log(*a):
 # ---- bytes ------------------------------------------------------------------------------------
 def floor_bytes(cfg, dtype: str) -> dict:
     """Bytes one decode step must read: every main-model weight once (see the module doc)."""
-    from kestrel.program import expected_shapes
-    wb = 0
-    for n, s in expected_shapes(cfg).items():
-        if n.startswith("mtp."):
-            continue
-        esz = 2 if (dtype == "bf16" and len(s) == 2) else 4
-        if n == "embed_tokens.weight" and not cfg.tie_word_embeddings:
-            wb += s[1] * esz          # the one row looked up
-            continue
-        wb += math.prod(s) * esz
-    return {"weights": int(wb)}
+    from kestrel.spec.sweep import weight_bytes
+    return {"weights": weight_bytes(cfg, dtype)}
 
 
 def state_bytes(cfg, ctx: int) -> int:
@@ -75,19 +65,8 @@ def state_bytes(cfg, ctx: int) -> int:
 
 # ---- our engine ---------------------------------------------------------------------------------
 def copy_bandwidth(be, nbytes=2 << 30, reps=20):
-    import cupy as cp
-    a = cp.empty(nbytes // 4, cp.float32)
-    b = cp.empty_like(a)
-    a.fill(1.0)
-    rt = cp.cuda.runtime
-    times = []
-    for r in range(reps + 3):
-        e0 = be.now()
-        rt.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, rt.memcpyDeviceToDevice, be.stream.ptr)
-        e1 = be.now()
-        if r >= 3:
-            times.append(be.elapsed_ms(e0, e1))
-    del a, b
+    from kestrel.spec.sweep import copy_ms
+    times = copy_ms(be, nbytes, reps, warm=3)
     t = med(times)
     return {"bytes_copied": nbytes, "ms_median": t, "GBps_read_plus_write": 2 * nbytes / (t * 1e-3) / 1e9,
             "ms_all": times}

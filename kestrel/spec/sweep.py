@@ -63,10 +63,6 @@ LARGE_SCHEDULES = (
 )
 
 
-def _log(msg):
-    print(msg, flush=True)
-
-
 def _quiet(msg):
     pass
 
@@ -118,35 +114,39 @@ def kernels_per_step(cfg) -> int:
     return sum(2 if op.kind in ("gdn", "attention") else 1 for op in main_program(cfg).ops)
 
 
-def copy_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> float:
-    """Memory bandwidth in bytes/s, bytes read + bytes written by one large copy (the floor's
-    bandwidth, as scripts/bench_engine.py measures it), median of reps."""
+def copy_ms(be, nbytes: int, reps: int, warm: int = 2) -> list:
+    """ms of each of `reps` copies of an nbytes buffer (after `warm` untimed ones): on the GPU a
+    device-to-device copy timed with the backend's events, on the CPU np.copyto."""
+    ts = []
     if getattr(be, "name", "") == "cuda":
         import cupy as cp
-        nbytes = nbytes or 1 << 30
         a = cp.ones(nbytes // 4, cp.float32)
         b = cp.empty_like(a)
         rt = cp.cuda.runtime
-        ts = []
-        for r in range(reps + 2):
+        for r in range(reps + warm):
             e0 = be.now()
             rt.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, rt.memcpyDeviceToDevice, be.stream.ptr)
             e1 = be.now()
-            if r >= 2:
+            if r >= warm:
                 ts.append(be.elapsed_ms(e0, e1))
         del a, b
         cp.get_default_memory_pool().free_all_blocks()
     else:
-        nbytes = nbytes or 1 << 27
         a = np.ones(nbytes // 4, np.float32)
         b = np.empty_like(a)
-        ts = []
-        for r in range(reps + 2):
+        for r in range(reps + warm):
             t0 = time.perf_counter()
             np.copyto(b, a)
-            if r >= 2:
+            if r >= warm:
                 ts.append((time.perf_counter() - t0) * 1e3)
-    return 2 * nbytes / (statistics.median(ts) * 1e-3)
+    return ts
+
+
+def copy_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> float:
+    """Memory bandwidth in bytes/s, bytes read + bytes written by one large copy (the floor's
+    bandwidth, as scripts/bench_engine.py measures it), median of reps."""
+    nbytes = nbytes or (1 << 30 if getattr(be, "name", "") == "cuda" else 1 << 27)
+    return 2 * nbytes / (statistics.median(copy_ms(be, nbytes, reps)) * 1e-3)
 
 
 def roofline(cfg, *, dtype: str, bandwidth: float, launch_ms_per_kernel: float, units=None) -> dict:
@@ -183,6 +183,11 @@ def launch_cost(sizes: list) -> float:
 
 
 # ---- where a size can run -----------------------------------------------------------------------------
+def resident_bytes(preset: str, dtype: str = "bf16") -> int:
+    """Bytes of a preset's weights in memory, MTP included (its projection dtype: native_dtype)."""
+    return config_of(preset).param_count() * (2 if native_dtype(preset, dtype) == "bf16" else 4)
+
+
 def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
     """(True, why) when this machine's backend is a CUDA GPU whose free memory holds the largest
     of `presets` (weights x headroom, one at a time), else (False, why)."""
@@ -192,8 +197,7 @@ def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
     be = get_backend("auto")
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
-    need = max(config_of(p).param_count() * (2 if native_dtype(p, dtype) == "bf16" else 4) for p in presets)
-    need *= headroom
+    need = max(resident_bytes(p, dtype) for p in presets) * headroom
     dev = getattr(be, "device_name", "the GPU")
     if free < need:
         return False, (f"{dev} has {free / 2**30:.0f} GiB free; the largest of {list(presets)} needs "
@@ -212,8 +216,7 @@ def runnable(presets, device: str = "auto", dtype: str = "bf16") -> tuple:
         import cupy
         free = cupy.cuda.runtime.memGetInfo()[0]
     for p in presets:
-        cfg = config_of(p)
-        wb = cfg.param_count() * (2 if native_dtype(p, dtype) == "bf16" else 4)
+        wb = resident_bytes(p, dtype)
         if free is not None and wb * HEADROOM > free:
             skipped.append((p, f"needs about {wb * HEADROOM / 2**30:.0f} GiB, {free / 2**30:.0f} GiB free"))
         elif free is None and wb > CPU_WEIGHT_LIMIT:
@@ -233,22 +236,29 @@ def free_device_memory():
 
 
 # ---- one size, k = 1..4 --------------------------------------------------------------------------------
-def _median_row(results_, units, **extra) -> dict:
-    """One configuration run R times: medians and ranges of ms/token, the speedup of the medians
-    (greedy / spec, as RunSummary.speedup) and the range of the repeats' speedups; the rest
-    (histogram, advance, the cost model's speedup) from the repeat with the median speedup."""
-    sums = [r.summary() for r in results_]
+def over_repeats(sums: list) -> tuple:
+    """One configuration run R times (a RunSummary each) -> (the index of the repeat with the
+    median speedup, {the medians of ms_per_token and greedy_ms_per_token, speedup = greedy / spec
+    of those medians (RunSummary.speedup's rule; it lies within the repeats' range), the ranges
+    of ms/token and of the repeats' speedups, repeats, bit_exact over all of them})."""
     sp = [s.speedup for s in sums]
     ms = [s.ms_per_token for s in sums]
     mid = sorted(range(len(sums)), key=lambda i: sp[i])[(len(sums) - 1) // 2]
-    s = sums[mid]
     g_med, ms_med = statistics.median(x.greedy_ms_per_token for x in sums), statistics.median(ms)
-    return {**extra, "k": s.k, "policy": s.policy.name, "pairing": s.pairing.value,
-            "ms_per_token": ms_med, "ms_per_token_range": [min(ms), max(ms)], "greedy_ms_per_token": g_med,
-            "speedup": g_med / ms_med, "speedup_range": [min(sp), max(sp)], "repeats": len(sums),
+    return mid, {"ms_per_token": ms_med, "ms_per_token_range": [min(ms), max(ms)], "greedy_ms_per_token": g_med,
+                 "speedup": g_med / ms_med, "speedup_range": [min(sp), max(sp)], "repeats": len(sums),
+                 "bit_exact": all(x.bit_exact for x in sums)}
+
+
+def _median_row(results_, units, **extra) -> dict:
+    """One configuration run R times: over_repeats' medians and ranges; the rest (histogram,
+    advance, the cost model's speedup) from the repeat with the median speedup."""
+    sums = [r.summary() for r in results_]
+    mid, stats = over_repeats(sums)
+    s = sums[mid]
+    return {**extra, "k": s.k, "policy": s.policy.name, "pairing": s.pairing.value, **stats,
             "predicted_speedup": compare(units, results_[mid])["predicted_speedup"],
-            "advance_per_round": s.advance_per_round, "hist": {int(n): int(c) for n, c in s.hist.items()},
-            "bit_exact": all(x.bit_exact for x in sums)}
+            "advance_per_round": s.advance_per_round, "hist": {int(n): int(c) for n, c in s.hist.items()}}
 
 
 def measure_size(model, *, ks=KS, policy="checkpoint", pairing="trained", profile=E16_PROFILE, T: int = 64,
@@ -386,22 +396,16 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
                             reference=ref, greedy=True, engine=engines[policy.batch, k], greedy_engine=g_eng)
                    for _ in range(repeats)]
             sums = [summary_of([r], units, sname) for r in res]
-            sp, ms = [s.speedup for s in sums], [s.ms_per_token for s in sums]
-            mid = sorted(range(repeats), key=lambda i: sp[i])[(repeats - 1) // 2]
+            mid, stats = over_repeats(sums)
             s = sums[mid]
             row = {**s.to_dict(), "log": s.log_lines(),
                    "predicted_from_schedule": predict(units, policy, pairing, k, **src).to_dict(),
-                   "state_bytes_per_token": state_bytes_per_token(cfg, policy, res[mid])}
-            g_med, ms_med = statistics.median(x.greedy_ms_per_token for x in sums), statistics.median(ms)
-            # speedup means greedy / spec ms per token everywhere (RunSummary.speedup): here of the
-            # medians, which lies within the repeats' range of speedups
-            row.update(ms_per_token=ms_med, ms_per_token_range=[min(ms), max(ms)], greedy_ms_per_token=g_med,
-                       speedup=g_med / ms_med, speedup_range=[min(sp), max(sp)], repeats=repeats,
-                       bit_exact=all(x.bit_exact for x in sums))
+                   "state_bytes_per_token": state_bytes_per_token(cfg, policy, res[mid]), **stats}
             rows.append(row)
+            (m0, m1), (s0, s1) = row["ms_per_token_range"], row["speedup_range"]
             log(f"  {sname:17s} pairing={pairing.value:7s} {policy.name:11s}: {row['ms_per_token']:.3f} ms/token "
-                f"({min(ms):.3f}..{max(ms):.3f}; greedy {row['greedy_ms_per_token']:.3f}) speedup "
-                f"{row['speedup']:.3f}x ({min(sp):.3f}..{max(sp):.3f}) | predicted {s.predicted_speedup:.3f}x; "
+                f"({m0:.3f}..{m1:.3f}; greedy {row['greedy_ms_per_token']:.3f}) speedup "
+                f"{row['speedup']:.3f}x ({s0:.3f}..{s1:.3f}) | predicted {s.predicted_speedup:.3f}x; "
                 f"bit-exact {row['bit_exact']}")
     del engines, g_eng
     return {"model": cfg.name, "source": results.repo_relative(model.source),
@@ -505,6 +509,7 @@ def beats_greedy(sweep: dict) -> dict:
 
 
 __all__ = ["SIZE_PRESETS", "QUICK_PRESETS", "KS", "LARGE", "LARGE_SCHEDULES", "ALPHA_2P8", "size_sweep",
-           "measure_size", "roofline", "weight_bytes", "kernels_per_step", "copy_bandwidth", "launch_cost",
+           "measure_size", "roofline", "weight_bytes", "kernels_per_step", "copy_ms", "copy_bandwidth", "launch_cost",
+           "over_repeats", "resident_bytes",
            "gpu_fits", "runnable", "large_runs", "summary_of", "state_bytes_per_token", "Section",
            "size_section", "large_section", "rows", "beats_greedy", "config_of", "native_dtype"]
