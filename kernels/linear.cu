@@ -54,7 +54,7 @@
 //          once for all MT activation rows: one pass over W serves a whole verify batch.
 //          VEC = elements per 16-byte weight load (8 bf16, 4 fp32), or 1 (scalar fallback for
 //          K, ldw or pointers that are not 16-byte multiples).
-//          (MT, RR, PF) per M: GEMV_FMA_BF16 in kestrel/ops/linear.py (MT = M up to 4, then 8).
+//          (MT, RR, PF, UP) per M: GEMV_FMA in kestrel/ops/linear.py (MT = M up to 4, then 8).
 //          PF register stages of RR 16-byte weight chunks each: PF − 1 chunks in flight per lane.
 // PDL      the first PF − 1 weight chunks are loaded before griddep_wait(): under programmatic
 //          dependent launch a projection starts streaming while the previous kernel finishes.

@@ -342,7 +342,7 @@ def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
                 continue
             same = bool(cp.array_equal(run(M, fma), ref))
             fn, grid = linear.gemv_launch(W, x[:M], y0[:M], M, K, K, N, epi, half, bf16_gemv="fma", fma=fma)[:2]
-            out.append({"M": M, "shape": list(fma), "engine": tuple(fma) == linear.fma_shape(True, M),
+            out.append({"M": M, "shape": list(fma), "engine": tuple(fma) == linear.fma_shape(M),
                         "us": ours("fma", M, fma=fma)["us"], "bit_identical": same,
                         "regs": int(fn.num_regs), "blocks": int(grid[0] * grid[1])})
         log(f"  fma shapes M={M}: " + "  ".join(f"{tuple(r['shape'])}{'*' if r['engine'] else ''} {r['us']:.1f}us "

@@ -31,21 +31,21 @@ LINEAR_THREADS = 128    # 4 warps a block
 # entry with M <= its key is used. All of them sum in one order, so the choice changes speed,
 # never bits. MT = M exactly up to 4: a block that holds accumulators for rows it does not have
 # costs registers, hence occupancy (at M = 2 the 4-row shape streamed in_proj 13% slower).
-GEMV_FMA_BF16 = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 8: (8, 4, 2, 0)}
-GEMV_FMA_F32 = GEMV_FMA_BF16
-# benchmarks (KESTREL_GEMV_SWEEP=1): these shapes are compiled too
+# One table for bf16 and fp32 weights.
+GEMV_FMA = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 8: (8, 4, 2, 0)}
+# benchmarks (KESTREL_GEMV_SWEEP=1): these bf16 shapes are compiled too
 GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
                               | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
 
 
-def _instantiations(kind: str, table: dict) -> str:
-    shapes = set(table.values()) | (set(GEMV_FMA_SWEEP) if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else set())
-    return " ".join(f"{kind}({mt},{rr},{pf},{up})" for mt, rr, pf, up in sorted(shapes))
+def _instantiations(kind: str, shapes) -> str:
+    return " ".join(f"{kind}({mt},{rr},{pf},{up})" for mt, rr, pf, up in sorted(set(shapes)))
 
 
+_SWEEP = GEMV_FMA_SWEEP if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else ()
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS,
-                "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", GEMV_FMA_BF16),
-                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA_F32)}
+                "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
+                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values())}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
 BF16_GEMVS = ("fma", "tensor")
@@ -116,10 +116,9 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
     return fn, grid, (32 * ks * tpb,), args, 0
 
 
-def fma_shape(bf16: bool, M: int) -> tuple:
+def fma_shape(M: int) -> tuple:
     """(MT, RR, PF, UP) of the CUDA-core GEMV for an M-row launch (wider M: MT rows per grid.y)."""
-    table = GEMV_FMA_BF16 if bf16 else GEMV_FMA_F32
-    return next((v for m, v in sorted(table.items()) if M <= m), table[max(table)])
+    return next((v for m, v in sorted(GEMV_FMA.items()) if M <= m), GEMV_FMA[max(GEMV_FMA)])
 
 
 def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
@@ -141,7 +140,7 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0
                 and X.data.ptr % 16 == 0) else 1
     if vec > 1:
-        mt, rr, pf, up = fma or fma_shape(bf16, M)
+        mt, rr, pf, up = fma or fma_shape(M)
         name = f"gemv_{'bf16' if bf16 else 'f32'}_v{vec}_m{mt}_r{rr}_p{pf}_u{up}"
     else:
         mt = 1 if M == 1 else 8
