@@ -20,11 +20,8 @@
 //               y = norm_w · (o · 1/sqrt(mean(o²) + eps)) · silu(z)        (plain-w gated norm)
 //             Layout: x [M, ldx] = conv output (q | k | v), z [M, ldz], b [M, ldb], a [M, lda],
 //             y [M, ldy], S [nv, dk, dv] per slot.
-//             Launch: grid nv, block T = GDN_RECUR_THREADS, smem (dk·dv + 2dk + dv + T + RED_FLOATS
-//             + GDN_PRELOAD_ROWS·(2dk + 2dv + 2)) floats (gdn_recur_smem in kestrel/ops/gdn.py).
-//             The head's inputs of GDN_PRELOAD_ROWS rows (q, k, v, z, b, a) are loaded into shared
-//             memory in one coalesced pass before those rows run: a verify of M rows waits for
-//             global memory once, not once per row. Thread t owns column t mod dv and the
+//             Launch: grid nv, block T = GDN_RECUR_THREADS, smem (dk·dv + 2dk + dv + T + RED_FLOATS)
+//             floats (gdn_recur_smem in kestrel/ops/gdn.py); thread t owns column t mod dv and the
 //             k-slice t / dv (k = slice, slice + nslice, ...; nslice = T / dv); column sums add the
 //             nslice slices in order. dk, dv <= 512. Rows run in order inside
 //             the block, so row j's arithmetic is the same whatever M is.
@@ -109,8 +106,6 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
     float* vd = k_sh + dk;      // v, then delta
     float* part = vd + dv;    // blockDim.x partial column sums
     float* red = part + nt;   // RED_FLOATS
-    float* pre = red + RED_FLOATS;   // GDN_PRELOAD_ROWS rows of [q | k | v | z | b a]
-    const int rw = 2 * dk + 2 * dv + 2;
     const int slot = ctrl[CTRL_SLOT];
     const i64 hoff = (i64)h * n;
     float* Sg = S_ring + (i64)(slot % nslots) * slot_stride + hoff;
@@ -124,41 +119,24 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
     const bool act = kslice < nslice;
     __syncthreads();
     for (int j = 0; j < M; ++j) {
-        if (j % GDN_PRELOAD_ROWS == 0) {   // the previous rows are done with `pre` (barrier at the loop's end)
-            const int nr = min(GDN_PRELOAD_ROWS, M - j);
-            for (int i = tid; i < nr * rw; i += nt) {
-                const int r = i / rw, c = i - r * rw;
-                const i64 jj = j + r;
-                const float* xr = xc + jj * ldx;
-                float v;
-                if (c < dk) v = xr[kh * dk + c];
-                else if (c < 2 * dk) v = xr[nk * dk + kh * dk + (c - dk)];
-                else if (c < 2 * dk + dv) v = xr[2 * nk * dk + h * dv + (c - 2 * dk)];
-                else if (c < 2 * dk + 2 * dv) v = z[jj * ldz + (i64)h * dv + (c - 2 * dk - dv)];
-                else if (c == 2 * dk + 2 * dv) v = b[jj * ldb + h];
-                else v = a[jj * lda + h];
-                pre[i] = v;
-            }
-            __syncthreads();
-        }
-        const float* pr = pre + (j % GDN_PRELOAD_ROWS) * rw;
+        const float* xr = xc + (i64)j * ldx;
         float sq = 0.0f, sk = 0.0f;
         for (int t = tid; t < dk; t += nt) {
-            const float qv = pr[t], kv = pr[dk + t];
+            const float qv = xr[kh * dk + t], kv = xr[nk * dk + kh * dk + t];
             q_sh[t] = qv;
             k_sh[t] = kv;
             sq += qv * qv;
             sk += kv * kv;
         }
-        for (int t = tid; t < dv; t += nt) vd[t] = pr[2 * dk + t];
+        for (int t = tid; t < dv; t += nt) vd[t] = xr[2 * nk * dk + h * dv + t];
         const float iq = 1.0f / sqrtf(block_sum(sq, red) + GDN_L2_EPS);
         const float ik = 1.0f / sqrtf(block_sum(sk, red) + GDN_L2_EPS);
         for (int t = tid; t < dk; t += nt) {
             q_sh[t] = (q_sh[t] * iq) * qscale;
             k_sh[t] = k_sh[t] * ik;
         }
-        const float beta = sigmoid_f(pr[2 * dk + 2 * dv]);
-        const float eg = expf(decay * softplus_f(pr[2 * dk + 2 * dv + 1] + dtb));
+        const float beta = sigmoid_f(b[(i64)j * ldb + h]);
+        const float eg = expf(decay * softplus_f(a[(i64)j * lda + h] + dtb));
         __syncthreads();
         // pass A: decay, partial (Sᵀk)[col]
         float acc = 0.0f;
@@ -198,7 +176,7 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
         const float so = block_sum(tid < dv ? o * o : 0.0f, red);   // barriers also publish S
         if (tid < dv) {
             const float inv = 1.0f / sqrtf(so / (float)dv + eps);
-            const float zz = pr[2 * dk + dv + tid];
+            const float zz = z[(i64)j * ldz + (i64)h * dv + tid];
             y[(i64)j * ldy + (i64)h * dv + tid] = (norm_w[tid] * (o * inv)) * silu_f(zz);
         }
         if (mode == GDN_CHECKPOINT) copy_state(S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff, S, n);

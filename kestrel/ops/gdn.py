@@ -22,11 +22,9 @@ L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
 GDN_CONV_THREADS = 128
 GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
 GDN_RECUR_THREADS = 512
-GDN_PRELOAD_ROWS = 8   # rows whose inputs gdn_recur loads in one pass (>= any verify width kestrel uses)
 GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
-                "GDN_RECUR_THREADS": GDN_RECUR_THREADS,
-                "GDN_PRELOAD_ROWS": GDN_PRELOAD_ROWS, "GDN_IN_PLACE": GDN_MODES["in_place"],
+                "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_IN_PLACE": GDN_MODES["in_place"],
                 "GDN_CHECKPOINT": GDN_MODES["checkpoint"], "GDN_CACHE": GDN_MODES["cache"]}
 
 
@@ -115,10 +113,8 @@ def gdn_rows(sh: GDNShape, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist
 # ---- CUDA launchers ------------------------------------------------------------------------
 def gdn_recur_smem(dk: int, dv: int) -> int:
     """Bytes of shared memory gdn_recur needs: S [dk, dv], q, k [dk], v/delta [dv], one partial
-    sum per thread, a block reduction's scratch, and GDN_PRELOAD_ROWS rows of inputs
-    (q, k [dk], v, z [dv], b, a) (kernels/gdn.cu)."""
-    return (dk * dv + 2 * dk + dv + GDN_RECUR_THREADS + L.RED_FLOATS
-            + GDN_PRELOAD_ROWS * (2 * dk + 2 * dv + 2)) * 4
+    sum per thread, a block reduction's scratch (kernels/gdn.cu)."""
+    return (dk * dv + 2 * dk + dv + GDN_RECUR_THREADS + L.RED_FLOATS) * 4
 
 
 def check_cuda_shape(sh: GDNShape):
