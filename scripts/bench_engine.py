@@ -73,18 +73,12 @@ def copy_bandwidth(be, nbytes=2 << 30, reps=20):
 
 
 def read_bandwidth(be, nbytes=2 << 30, reps=15):
-    """A pure streaming-read kernel (16-byte loads that skip L1) over one large buffer, the best
-    of a few grid shapes (scripts/bench_projections.py's read kernels): the honest floor."""
-    import cupy as cp
-    from bench_projections import read_kernels, read_variants
-    big = cp.empty(nbytes // 2, cp.uint16)
-    be._fill_normal(cp.random.RandomState(3), big, 1.0)
-    sink = cp.zeros(4, cp.uint32)
-    rv = read_variants(be, cp, read_kernels(cp), [big], 4, reps, sink)
-    best = min(rv, key=lambda v: rv[v]["us"])
-    del big
-    cp.get_default_memory_pool().free_all_blocks()
-    return {"bytes": nbytes, "variant": best, "GBps": nbytes / (rv[best]["us"] * 1e-6) / 1e9}
+    """kernels/stream_read.cu (16-byte loads that skip L1) over one large buffer, the best of
+    its shapes (kestrel.spec.sweep.read_ms): the honest floor."""
+    from kestrel.spec.sweep import read_ms
+    ms = {k: med(v) for k, v in read_ms(be, nbytes, reps, warm=3).items()}
+    best = min(ms, key=ms.get)
+    return {"bytes": nbytes, "variant": best, "GBps": nbytes / (ms[best] * 1e-3) / 1e9}
 
 
 def gemv_sweep(be, reps=15, shapes=None):

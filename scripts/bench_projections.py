@@ -4,7 +4,7 @@
     python3 scripts/bench_projections.py --out results      # on a GPU machine
 
 In one run, on bf16 weights drawn at random (cuRAND normal, scaled by K^-1/2, rounded to bf16):
-  * the read floor: a pure streaming-read kernel (16-byte loads that skip L1), the best of a few
+  * the read floor: kernels/stream_read.cu (16-byte loads that skip L1), the best of its
     grid shapes over a 2 GiB buffer, and over each projection's own weight buffers; beside it the
     device-to-device copy (bytes read + written), the figure the engine's floor used so far;
   * correctness of both bf16 GEMVs of kernels/linear.cu (CUDA-core "fma", tensor-core "tensor") at
@@ -53,35 +53,6 @@ SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
 ]
 MS = (1, 2, 3, 4, 8)
 F32 = 2e-5            # the tests' bound for one fp32 projection vs float64 / the twin
-
-READ_SRC = r"""
-__device__ __forceinline__ uint4 ld_stream16(const uint4* p) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
-// Reads n 16-byte words once (grid-stride, UNROLL loads in flight a thread); writes nothing
-// unless the xor of everything read hits a constant (keeps the loads, costs no bandwidth).
-template <int UNROLL>
-__device__ void read_body(const uint4* __restrict__ p, long long n, unsigned* out) {
-    unsigned acc = 0;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
-        uint4 v[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) v[u] = ld_stream16(p + i + u * stride);
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    for (; i < n; i += stride) { const uint4 v = ld_stream16(p + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
-    if (acc == 0x9e3779b9u) out[0] = acc;
-}
-extern "C" __global__ void read_u4(const uint4* p, long long n, unsigned* out) { read_body<4>(p, n, out); }
-extern "C" __global__ void read_u8(const uint4* p, long long n, unsigned* out) { read_body<8>(p, n, out); }
-"""
-
 
 def med(xs):
     return float(statistics.median(xs)) if xs else float("nan")
@@ -144,26 +115,25 @@ def time_torch_graph(torch, issue, per_graph: int, reps: int) -> dict:
 
 
 # ---- the read floor ------------------------------------------------------------------------------
-def read_kernels(cp):
-    mod = cp.RawModule(code=READ_SRC, options=("--std=c++17",))
-    return {u: mod.get_function(f"read_u{u}") for u in (4, 8)}
-
-
-def read_variants(be, cp, kernels, bufs, per_graph, reps, sink):
-    """The read kernel over `bufs` (rotating), several grid shapes: {variant: timing}."""
+def read_variants(be, cp, bufs, per_graph, reps, sink):
+    """kernels/stream_read.cu over `bufs` (rotating), in each of its shapes: {variant: timing}.
+    sink: uint32, sm_count x stream_read.MAX_BLOCKS_PER_SM words."""
+    from kestrel.ops import stream_read
     sms = be.device_props["sm_count"]
     out = {}
-    for unroll, fn in kernels.items():
-        for bps, threads in ((4, 512), (8, 256), (16, 256), (32, 128)):
-            grid = (sms * bps,)
-            launches = [(grid, (threads,), (bufs[i % len(bufs)], np.int64(bufs[i % len(bufs)].nbytes // 16), sink))
-                        for i in range(per_graph)]
+    for shape in stream_read.SHAPES:
+        launches = [stream_read.stream_read_launch(bufs[i % len(bufs)], sink, sms, shape) for i in range(per_graph)]
 
-            def issue(launches=launches, fn=fn):
-                for g, b, a in launches:
-                    fn(g, b, a)
-            out[f"unroll{unroll}_grid{bps}xSM_{threads}t"] = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
+        def issue(launches=launches):
+            for fn, g, b, a, _ in launches:
+                fn(g, b, a)
+        out["unroll{}_grid{}xSM_{}t".format(*shape)] = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
     return out
+
+
+def read_sink(be, cp):
+    from kestrel.ops import stream_read
+    return cp.zeros(be.device_props["sm_count"] * stream_read.MAX_BLOCKS_PER_SM, cp.uint32)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -237,7 +207,7 @@ def cublas_invariance(torch, Wt, xb):
 
 
 # ---- one shape -------------------------------------------------------------------------------------
-def bench_shape(be, cp, torch, label, N, K, epi, reps, rk, sink, rotate_bytes, sweep):
+def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep):
     from kestrel.cuda import launch as L
     from kestrel.ops import linear
     rows = 2 * N if epi == "swiglu" else N
@@ -266,7 +236,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, rk, sink, rotate_bytes, s
     def gbps(t):
         return nbytes / (t["us"] * 1e-6) / 1e9
 
-    rd = read_variants(be, cp, rk, Ws, per_graph, reps, sink)
+    rd = read_variants(be, cp, Ws, per_graph, reps, sink)
     best = min(rd, key=lambda v: rd[v]["us"])
     R["read"] = dict(rd[best], variant=best, GBps=gbps(rd[best]))
 
@@ -520,11 +490,10 @@ def main():
         (out / "bench_projections.json").write_text(json.dumps(R, indent=1, default=float))
         (out / "bench_projections.md").write_text(render_md(R))
 
-    rk = read_kernels(cp)
-    sink = cp.zeros(4, cp.uint32)
+    sink = read_sink(be, cp)
     big = cp.empty((2 << 30) // 2, cp.uint16)
     be._fill_normal(cp.random.RandomState(3), big, 1.0)
-    rv = read_variants(be, cp, rk, [big], 4, a.reps, sink)
+    rv = read_variants(be, cp, [big], 4, a.reps, sink)
     best = min(rv, key=lambda v: rv[v]["us"])
     R["read_bandwidth"] = {"bytes": big.nbytes, "variant": best, "GBps": big.nbytes / (rv[best]["us"] * 1e-6) / 1e9,
                            "variants": {k: dict(v, GBps=big.nbytes / (v["us"] * 1e-6) / 1e9) for k, v in rv.items()}}
@@ -542,7 +511,7 @@ def main():
         label, N, K, epi = SHAPES[i]
         sweep = not a.no_sweep and time.time() - t_start < 0.7 * a.budget
         try:
-            R["shapes"].append(bench_shape(be, cp, torch, label, N, K, epi, a.reps, rk, sink, 4 * l2, sweep))
+            R["shapes"].append(bench_shape(be, cp, torch, label, N, K, epi, a.reps, sink, 4 * l2, sweep))
         except Exception as e:  # record and keep going
             import traceback
             traceback.print_exc()

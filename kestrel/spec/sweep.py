@@ -142,17 +142,59 @@ def copy_ms(be, nbytes: int, reps: int, warm: int = 2) -> list:
     return ts
 
 
-def copy_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> float:
-    """Memory bandwidth in bytes/s, bytes read + bytes written by one large copy (the floor's
-    bandwidth, as scripts/bench_engine.py measures it), median of reps."""
+def read_ms(be, nbytes: int, reps: int, warm: int = 2) -> dict:
+    """{shape: ms of each of `reps` reads} of one nbytes buffer, read once per call (after `warm`
+    untimed ones). On the GPU kernels/stream_read.cu in each of its shapes (kestrel.ops.
+    stream_read.SHAPES), timed with the backend's events; on the CPU one NumPy XOR-reduction
+    over the buffer's 64-bit words (one core), under the shape name "numpy"."""
+    out = {}
+    if getattr(be, "name", "") == "cuda":
+        import cupy as cp
+        from ..cuda import launch as L
+        from ..ops import stream_read
+        sms = be.device_props["sm_count"]
+        buf = cp.ones(nbytes // 4, cp.uint32)
+        sink = cp.zeros(sms * stream_read.MAX_BLOCKS_PER_SM, cp.uint32)
+        for shape in stream_read.SHAPES:
+            launch = stream_read.stream_read_launch(buf, sink, sms, shape)
+            ts = []
+            for r in range(reps + warm):
+                e0 = be.now()
+                L.go(launch, be.stream)
+                e1 = be.now()
+                if r >= warm:
+                    ts.append(be.elapsed_ms(e0, e1))
+            out["unroll{}_grid{}xSM_{}t".format(*shape)] = ts
+        del buf, sink
+        cp.get_default_memory_pool().free_all_blocks()
+    else:
+        a = np.ones(nbytes // 8, np.uint64)
+        ts = []
+        for r in range(reps + warm):
+            t0 = time.perf_counter()
+            np.bitwise_xor.reduce(a)
+            if r >= warm:
+                ts.append((time.perf_counter() - t0) * 1e3)
+        out["numpy"] = ts
+    return out
+
+
+def read_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> dict:
+    """The streaming-read bandwidth: bytes read once / time, the fastest shape's median of reps
+    (read_ms). -> {"Bps", "bytes", "shape", "kind"}. The floor of a decode step is its weight
+    bytes over this; a copy (copy_ms) reads and writes, so it gives a lower figure."""
     nbytes = nbytes or (1 << 30 if getattr(be, "name", "") == "cuda" else 1 << 27)
-    return 2 * nbytes / (statistics.median(copy_ms(be, nbytes, reps)) * 1e-3)
+    med = {k: statistics.median(v) for k, v in read_ms(be, nbytes, reps).items()}
+    best = min(med, key=med.get)
+    kind = "streaming read, kernels/stream_read.cu" if best != "numpy" else "NumPy XOR-reduction, one core"
+    return {"Bps": nbytes / (med[best] * 1e-3), "bytes": nbytes, "shape": best, "kind": kind}
 
 
 def roofline(cfg, *, dtype: str, bandwidth: float, launch_ms_per_kernel: float, units=None) -> dict:
     """The back-of-envelope cost of a decode step and of a verify of M rows.
 
-    floor_ms  = weight bytes / bandwidth           (reading the weights once; any M <= a few)
+    floor_ms  = weight bytes / bandwidth           (reading the weights once; any M <= a few;
+                                                    bandwidth: read_bandwidth's, bytes read once)
     launch_ms = kernels per step x cost per kernel (paid once per call, whatever M is)
     bound     = 'bandwidth' where the floor is the larger term, else 'launch'
     With measured unit costs (spec.UnitCosts) it adds the measured step, verify_checkpointed(M),
@@ -309,9 +351,13 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
     from ..backend import get_backend
     ks = (k,) if isinstance(k, int) else tuple(k)
     be = get_backend(device)
-    bw = bandwidth or copy_bandwidth(be)
+    if bandwidth:
+        bw, bw_kind = bandwidth, "given"
+    else:
+        rd = read_bandwidth(be)
+        bw, bw_kind = rd["Bps"], rd["kind"]
     log(f"(d) sweep on {getattr(be, 'device_name', device)}: {list(presets)}, k={list(ks)}, {policy}, "
-        f"{pairing} pairing, profile {profile}; copy bandwidth {bw / 1e9:.0f} GB/s")
+        f"{pairing} pairing, profile {profile}; read bandwidth {bw / 1e9:.0f} GB/s ({bw_kind})")
     sizes = []
     for name in presets:
         wd = native_dtype(name, dtype)
@@ -336,7 +382,7 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
             f"verify(4)/step {r['verify_over_step'][max(r['verify_over_step'])]:.2f}")
     return {"device": getattr(be, "device_name", device), "date": now(), "ks": list(ks),
             "policy": Policy.parse(policy).name, "pairing": Pairing.parse(pairing).value,
-            "profile": list(profile), "T": T, "P": P, "repeats": repeats, "bandwidth_Bps": bw,
+            "profile": list(profile), "T": T, "P": P, "repeats": repeats, "bandwidth_Bps": bw, "bandwidth_kind": bw_kind,
             "launch_ms_per_kernel": launch, "sizes": sizes, "skipped": []}
 
 
@@ -509,7 +555,8 @@ def beats_greedy(sweep: dict) -> dict:
 
 
 __all__ = ["SIZE_PRESETS", "QUICK_PRESETS", "KS", "LARGE", "LARGE_SCHEDULES", "ALPHA_2P8", "size_sweep",
-           "measure_size", "roofline", "weight_bytes", "kernels_per_step", "copy_ms", "copy_bandwidth", "launch_cost",
+           "measure_size", "roofline", "weight_bytes", "kernels_per_step", "copy_ms", "read_ms", "read_bandwidth",
+           "launch_cost",
            "over_repeats", "resident_bytes",
            "gpu_fits", "runnable", "large_runs", "summary_of", "state_bytes_per_token", "Section",
            "size_section", "large_section", "rows", "beats_greedy", "config_of", "native_dtype"]
