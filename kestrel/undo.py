@@ -398,7 +398,8 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
     if what not in ("memory", "bytes"):
         raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
     rows = projection_rows(cfg, k, n, batches, contexts)
-    title = f"{cfg.name}, k = {k}: a projection of the byte formulas, not a measurement"
+    what_t = {"memory": "memory held", "bytes": "bytes moved per round"}[what]
+    title = f"{cfg.name}, k = {k}: {what_t} (a projection, not a measurement)"
     if what == "memory":
         fig = make_subplots(rows=1, cols=len(contexts), horizontal_spacing=0.07,
                             subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])

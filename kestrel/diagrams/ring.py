@@ -89,8 +89,9 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
                 cv.text(x, y, labels[i], size=10)
         if pol.name in ("replay", "flex-replay"):
             snap = "snapshot" if n is None or n == k else "discarded"
-            cv.rect(cx - 0.5, -0.3, cx + 0.5, 0.3, snap, f"{stage}: the snapshot ({snap})")
-            cv.text(cx, 0, "mark()'s copy" if n is None or n == k else "copied back<br>(now invalid)", size=10)
+            # the box sits inside the ring (inner slot edges at R - h >= 0.89); two short lines fit it
+            cv.rect(cx - 0.66, -0.32, cx + 0.66, 0.32, snap, f"{stage}: the snapshot ({snap})")
+            cv.text(cx, 0, "mark()'s<br>copy" if n is None or n == k else "copied back<br>(now invalid)", size=10)
         else:
             cv.text(cx, 0, f"{nslots} slots", size=11, color="#777")
         cv.text(cx, R + h + 0.55, heading[n], size=12, color="#222", anchor="top center")
@@ -156,10 +157,19 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
             "" if n_ok is None else f", n_ok = {n_ok}: slot {sel} is live next")
     fig = cv.figure(title, height, xr, yr, roles_used)
     if pol.name == "checkpoint" and n_ok:
-        (xa, ya), (xb, yb) = centres["after the verify", live], centres["after the verify", (live + n_ok) % nslots]
-        fig.add_annotation(x=xb, y=yb, ax=xa, ay=ya, xref="x", yref="y", axref="x", ayref="y", text="",
-                           showarrow=True, arrowhead=3, arrowsize=1.3, arrowwidth=2.5, arrowcolor="#d94801",
-                           standoff=26, startstandoff=26)
+        # live -> selected, clockwise just outside the ring: a straight arrow would cross the
+        # centre and the labels of the slots between them
+        ra, gap = R + h + 0.2, math.radians(22)
+        a0 = math.pi / 2 - 2 * math.pi * live / nslots - gap
+        a1 = math.pi / 2 - 2 * math.pi * (live + n_ok) / nslots + gap
+        arc = [a0 + (a1 - a0) * i / 40 for i in range(41)]
+        fig.add_scatter(x=[ra * math.cos(a) for a in arc], y=[ra * math.sin(a) for a in arc], mode="lines",
+                        line=dict(color="#d94801", width=2.5), hoverinfo="skip", showlegend=False,
+                        name="select_checkpoint: live -> selected")
+        tail = a1 + math.radians(6)
+        fig.add_annotation(x=ra * math.cos(a1), y=ra * math.sin(a1), ax=ra * math.cos(tail), ay=ra * math.sin(tail),
+                           xref="x", yref="y", axref="x", ayref="y", text="", showarrow=True, arrowhead=3,
+                           arrowsize=1.3, arrowwidth=2.5, arrowcolor="#d94801")
     fig.update_layout(meta={"policy": pol.name, "nslots": nslots, "live": live, "k": k, "n_ok": n_ok,
                             "selected": None if n_ok is None else
                             ((live + n_ok) % nslots if pol.name == "checkpoint" else live)})

@@ -68,8 +68,8 @@ def hist_figure(runs, *, k: int | None = None, names=None, normalize: bool = Fal
 def phase_figure(runs, *, names=None, title: str | None = None, height: int = 420, totals: bool = True):
     """Stacked bars of ms per emitted token by phase (spec.PHASES, plus the strict tail), one
     bar per run, with each run's greedy ms/token (timed in the same run, or predicted) as a
-    reference mark. `runs`: SpecResults, RunSummaries (SpecResult.summary(), spec.aggregate(),
-    results rows) or spec.Predictions."""
+    reference mark, and each run's ms/token over its bar. `runs`: SpecResults, RunSummaries
+    (SpecResult.summary(), spec.aggregate(), results rows) or spec.Predictions."""
     rs = as_runs(runs, names)
     labels = [v.label for v in rs]
     fig = layout_fig(title, height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
@@ -80,8 +80,8 @@ def phase_figure(runs, *, names=None, title: str | None = None, height: int = 42
         doc = spec.PHASE_DOC.get(ph, TAIL_DOC)
         fig.add_bar(x=labels, y=ys, name=ph, marker_color=PHASE_COLORS[ph], hovertext=[doc] * len(ys),
                     hovertemplate="%{y:.4g} ms/token<br>%{hovertext}<extra>" + ph + "</extra>")
-    if totals:
-        tot = [sum(v.phase.values()) for v in rs]
+    if totals:   # the run's own total: over repeats, the median of the totals (not the sum of the phase medians)
+        tot = [float(v.run.ms_per_token) for v in rs]
         fig.add_scatter(x=labels, y=tot, mode="text", text=[f"{t:.3g} ms" for t in tot], textposition="top center",
                         showlegend=False, hoverinfo="skip", name="total")
     g = [v.run.greedy_ms_per_token for v in rs]
