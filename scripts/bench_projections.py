@@ -428,7 +428,7 @@ def render_md(R: dict) -> str:
                 cells.append(f"{mark}{q['us']:.1f}{mark}")
             L.append(f"| {r['M']} | {','.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
     uses = step_uses()
-    if all(s["shape"] in uses for s in R["shapes"] if "times" in s):
+    if {s["shape"] for s in R["shapes"] if "times" in s} == set(uses):   # every shape of a step was timed
         L += ["", "All projections of one 27B decode step (each shape times the layers that use it: "
               + ", ".join(f"{k} ×{v}" for k, v in uses.items()) + "), ms, and against M = 1:", "",
               "| M | kestrel (engine) | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |", "|---|---|---|---|---|---|"]
