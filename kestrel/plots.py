@@ -100,6 +100,12 @@ def show(fig, *, include_json: bool = True) -> None:
 TEXT_WIDTH = 88           # the longest line a chapter prints (it fits the book's page)
 
 
+def ms_label(t: float, unit: str = "ms") -> str:
+    """A time for a value label: two decimals under 10, one above (one rule for every figure, so
+    labels side by side read alike: 26.4 and 26.0, not 26.4 and 26)."""
+    return f"{t:.2f} {unit}" if abs(t) < 10 else f"{t:.1f} {unit}"
+
+
 def print_wrapped(text: str, width: int = TEXT_WIDTH) -> None:
     """Print a long line (a provenance line, a command) wrapped to the page's width."""
     import textwrap

@@ -180,7 +180,7 @@ def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", sche
     return list(out.values())
 
 
-def timing_figure(timings: list, *, title: str | None = None, height: int = 520):
+def timing_figure(timings: list, *, title: str | None = None, height: int = 560):
     """ms per token by phase for each policy (the median repeat's phases, stacked), the range of
     the repeats' totals as an error bar, greedy decoding's median and range beside, and the cost
     model's prediction as a marker where it was priced."""
@@ -190,7 +190,8 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 520)
     fig = figure(title, height=height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
                  hovermode="closest")
     fig.update_layout(margin=dict(t=70))
-    legend_below(fig, 100, 50, left=60)
+    legend_below(fig, 80, 110, left=60)              # the rotated policy names take ~100 px
+    fig.update_layout(legend=dict(entrywidth=150, entrywidthmode="pixels"))   # 4 a row: 3 rows
     meds = [t.median_summary for t in timings]
     for ph in spec.PHASES:
         fig.add_bar(x=labels, y=[m.phase_ms_per_token.get(ph, 0.0) for m in meds], name=ph,
@@ -428,7 +429,7 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
         w = 2 * cfg.param_count(mtp=False)             # bf16 weights, as serving_projection counts them
         fig.add_scatter(x=[batches[0], batches[-1]], y=[w / 1e9] * 2, mode="lines", name="the weights, read once a round",
                         line=dict(color="#555", dash="dot"))
-        fig.update_yaxes(type="log", dtick=1, title="GB of recurrent state read + written per round")
+        fig.update_yaxes(type="log", dtick=1, title="state GB moved a round")
     ticks = [b for b in batches if b in (1, 4, 16, 64, 256)] or list(batches)
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], tickangle=0)
     fig.update_xaxes(title="sequences decoding together (B)", row=1, col=(len(contexts) + 1) // 2 if what == "memory"

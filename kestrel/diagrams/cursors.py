@@ -106,7 +106,7 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     xr, yr = (lo - 0.2, hi + 0.2), (ys[5] - 0.7, 1.1)
     pairing_note = {"article": "article pairing: k MTP steps, rows keep the draft-time hiddens",
                     "trained": "trained pairing: d1 free, k-1 MTP steps, rows past p rewritten from verified hiddens"}
-    title = title or (f"Cursors through one round: verify at {pos}, k = {k}, n_ok = {n} → cursor {after}; "
+    title = title or (f"The cursors: verify at {pos}, k = {k}, n_ok = {n} → cursor {after}; "
                       f"MTP {m0} → {m_after}")
     fig = cv.figure(title, height, xr, yr, [], equal=False)
     legend_doc = {"live": "main KV row, visible", "written": "row a verify or draft wrote",

@@ -12,7 +12,7 @@ def _ring_stage(policy: str, nslots: int, live: int, k: int, n_ok):
     roles, labels = ["unused"] * nslots, [""] * nslots
     if n_ok is None:
         roles[live] = "live"
-        labels[live] = {"checkpoint": "live<br>(untouched)", "input-cache": "live<br>(only read)"}.get(
+        labels[live] = {"checkpoint": "live<br>(kept)", "input-cache": "live<br>(read)"}.get(
             policy, "live<br>(in place)")
         if policy == "checkpoint":
             for j in range(k):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .common import (DiagramError, _int, K_MAX, legend_below, _n_ok, _pairing,
                      _phase_colors, _policy, POLICY_NAMES, _units)
+from ..plots import ms_label
 
 
 PHASE_LABELS = {
@@ -109,7 +110,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
                     textposition="inside", insidetextanchor="middle", textangle=0,
                     hovertemplate="%{text}: %{x:.3g} " + unit + "<extra></extra>", meta={"phase": ph})
     fig.add_scatter(x=[t for _, t in totals], y=[y for y, _ in totals], mode="text", name="round total",
-                    text=[f"  {t:.3g} {unit}" for _, t in totals], textposition="middle right",
+                    text=["  " + ms_label(t, unit) for _, t in totals], textposition="middle right",
                     showlegend=False, hoverinfo="skip", cliponaxis=False)
     for x, ylab, text in small:                    # just above its bar: the bar is half of a row
         fig.add_annotation(x=x, y=ylab, text="▼ " + text, showarrow=False, yanchor="bottom", xanchor="left",

@@ -157,7 +157,7 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
                     customdata=[[p["label"], p["alpha"]] for p in pts],
                     hovertemplate="%{customdata[0]}: %{y:.3f}× (α_eq %{customdata[1]:.2f})<extra>measured</extra>")
     fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
-                  annotation_position="bottom right")
+                  annotation_position="top left")   # k = 4 ends of the curves sit at the right
 
     def ttl(i):
         return f"{title}<br><sup>α = {alphas[i]:.2f} at every depth</sup>"

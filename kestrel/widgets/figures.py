@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import spec
 from ..errors import KestrelError
+from ..plots import ms_label
 from ..spec.schedule import is_int
 from .runs import as_runs, hist_item, run_label
 
@@ -82,7 +83,7 @@ def phase_figure(runs, *, names=None, title: str | None = None, height: int = 42
                     hovertemplate="%{y:.4g} ms/token<br>%{hovertext}<extra>" + ph + "</extra>")
     if totals:   # the run's own total: over repeats, the median of the totals (not the sum of the phase medians)
         tot = [float(v.run.ms_per_token) for v in rs]
-        fig.add_scatter(x=labels, y=tot, mode="text", text=[f"{t:.3g} ms" for t in tot], textposition="top center",
+        fig.add_scatter(x=labels, y=tot, mode="text", text=[ms_label(t) for t in tot], textposition="top center",
                         showlegend=False, hoverinfo="skip", name="total")
     g = [v.run.greedy_ms_per_token for v in rs]
     if any(x is not None for x in g):
