@@ -74,11 +74,10 @@ def copy_bandwidth(be, nbytes=2 << 30, reps=20):
 
 def read_bandwidth(be, nbytes=2 << 30, reps=15):
     """kernels/stream_read.cu (16-byte loads that skip L1) over one large buffer, the best of
-    its shapes (kestrel.spec.sweep.read_ms): the honest floor."""
-    from kestrel.spec.sweep import read_ms
-    ms = {k: med(v) for k, v in read_ms(be, nbytes, reps, warm=3).items()}
-    best = min(ms, key=ms.get)
-    return {"bytes": nbytes, "variant": best, "GBps": nbytes / (ms[best] * 1e-3) / 1e9}
+    its shapes (kestrel.spec.sweep.read_bandwidth): the honest floor."""
+    from kestrel.spec.sweep import read_bandwidth as stream_read_bandwidth
+    rd = stream_read_bandwidth(be, nbytes, reps, warm=3)
+    return {"bytes": nbytes, "variant": rd["shape"], "GBps": rd["Bps"] / 1e9}
 
 
 def gemv_sweep(be, reps=15, shapes=None):

@@ -117,7 +117,7 @@ def time_torch_graph(torch, issue, per_graph: int, reps: int) -> dict:
 # ---- the read floor ------------------------------------------------------------------------------
 def read_variants(be, cp, bufs, per_graph, reps, sink):
     """kernels/stream_read.cu over `bufs` (rotating), in each of its shapes: {variant: timing}.
-    sink: uint32, sm_count x stream_read.MAX_BLOCKS_PER_SM words."""
+    sink: stream_read.out_buffer(sm_count)."""
     from kestrel.ops import stream_read
     sms = be.device_props["sm_count"]
     out = {}
@@ -127,13 +127,8 @@ def read_variants(be, cp, bufs, per_graph, reps, sink):
         def issue(launches=launches):
             for fn, g, b, a, _ in launches:
                 fn(g, b, a)
-        out["unroll{}_grid{}xSM_{}t".format(*shape)] = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
+        out[stream_read.shape_name(shape)] = time_cupy_graph(cp, be.stream, issue, per_graph, reps)
     return out
-
-
-def read_sink(be, cp):
-    from kestrel.ops import stream_read
-    return cp.zeros(be.device_props["sm_count"] * stream_read.MAX_BLOCKS_PER_SM, cp.uint32)
 
 
 # ---- checks ---------------------------------------------------------------------------------------
@@ -490,7 +485,8 @@ def main():
         (out / "bench_projections.json").write_text(json.dumps(R, indent=1, default=float))
         (out / "bench_projections.md").write_text(render_md(R))
 
-    sink = read_sink(be, cp)
+    from kestrel.ops import stream_read
+    sink = stream_read.out_buffer(be.device_props["sm_count"])
     big = cp.empty((2 << 30) // 2, cp.uint16)
     be._fill_normal(cp.random.RandomState(3), big, 1.0)
     rv = read_variants(be, cp, [big], 4, a.reps, sink)

@@ -14,8 +14,18 @@ MAX_BLOCKS_PER_SM = max(bps for _, bps, _ in SHAPES)
 
 def xor_words(buf: np.ndarray) -> int:
     """The twin: XOR of every 32-bit word of a buffer whose size is a multiple of 16 bytes."""
-    b = np.ascontiguousarray(buf).view(np.uint32)
-    return int(np.bitwise_xor.reduce(b)) if b.size else 0
+    return int(np.bitwise_xor.reduce(np.ascontiguousarray(buf).view(np.uint32)))   # empty: 0
+
+
+def shape_name(shape) -> str:
+    """How the benchmarks and results files name a shape: unroll8_grid16xSM_256t."""
+    return "unroll{}_grid{}xSM_{}t".format(*shape)
+
+
+def out_buffer(sm_count: int):
+    """The uint32 device array every shape's launch can write its block XORs into."""
+    import cupy as cp
+    return cp.zeros(sm_count * MAX_BLOCKS_PER_SM, cp.uint32)
 
 
 def stream_read_launch(buf, out, sm_count: int, shape=SHAPES[0]):

@@ -156,7 +156,7 @@ def read_ms(be, nbytes: int, reps: int, warm: int = 2, per_timing: int = 8) -> d
         from ..ops import stream_read
         sms = be.device_props["sm_count"]
         buf = cp.ones(nbytes // 4, cp.uint32)
-        sink = cp.zeros(sms * stream_read.MAX_BLOCKS_PER_SM, cp.uint32)
+        sink = stream_read.out_buffer(sms)
         for shape in stream_read.SHAPES:
             launch = stream_read.stream_read_launch(buf, sink, sms, shape)
             ts = []
@@ -167,7 +167,7 @@ def read_ms(be, nbytes: int, reps: int, warm: int = 2, per_timing: int = 8) -> d
                 e1 = be.now()
                 if r >= warm:
                     ts.append(be.elapsed_ms(e0, e1) / per_timing)
-            out["unroll{}_grid{}xSM_{}t".format(*shape)] = ts
+            out[stream_read.shape_name(shape)] = ts
         del buf, sink
         cp.get_default_memory_pool().free_all_blocks()
     else:
@@ -182,12 +182,12 @@ def read_ms(be, nbytes: int, reps: int, warm: int = 2, per_timing: int = 8) -> d
     return out
 
 
-def read_bandwidth(be, nbytes: int | None = None, reps: int = 10) -> dict:
+def read_bandwidth(be, nbytes: int | None = None, reps: int = 10, warm: int = 2) -> dict:
     """The streaming-read bandwidth: bytes read once / time, the fastest shape's median of reps
     (read_ms). -> {"Bps", "bytes", "shape", "kind"}. The floor of a decode step is its weight
     bytes over this; a copy (copy_ms) reads and writes, so it gives a lower figure."""
     nbytes = nbytes or (1 << 30 if getattr(be, "name", "") == "cuda" else 1 << 27)
-    med = {k: statistics.median(v) for k, v in read_ms(be, nbytes, reps).items()}
+    med = {k: statistics.median(v) for k, v in read_ms(be, nbytes, reps, warm).items()}
     best = min(med, key=med.get)
     kind = "streaming read, kernels/stream_read.cu" if best != "numpy" else "NumPy XOR-reduction, one core"
     return {"Bps": nbytes / (med[best] * 1e-3), "bytes": nbytes, "shape": best, "kind": kind}
