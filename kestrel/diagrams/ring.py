@@ -76,13 +76,12 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
     heading = {None: "after the verify"}
     if n_ok is not None:
         heading[n_ok] = _finalise_text(pol.name, k, n_ok)
-    centres, cx = {}, 0.0
+    cx = 0.0                                           # the first ring (after the verify) at x = 0
     for stage, n in stages:
         roles, labels = _ring_stage(pol.name, nslots, live, k, n)
         for i in range(nslots):
             a = math.pi / 2 - 2 * math.pi * i / nslots     # slot 0 on top, clockwise
             x, y = cx + R * math.cos(a), R * math.sin(a)
-            centres[stage, i] = (x, y)
             cv.rect(x - h, y - h, x + h, y + h, roles[i], f"{stage}: slot {i} ({roles[i]})")
             cv.text(x, y + h + 0.04, f"slot {i}", size=11, color="#333", anchor="top center")
             if labels[i]:
@@ -157,8 +156,8 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
             "" if n_ok is None else f", n_ok = {n_ok}: slot {sel} is live next")
     fig = cv.figure(title, height, xr, yr, roles_used)
     if pol.name == "checkpoint" and n_ok:
-        # live -> selected, clockwise just outside the ring: a straight arrow would cross the
-        # centre and the labels of the slots between them
+        # live -> selected, clockwise just outside the first ring (centred at 0, 0): a straight
+        # arrow would cross the centre and the labels of the slots between them
         ra, gap = R + h + 0.2, math.radians(22)
         a0 = math.pi / 2 - 2 * math.pi * live / nslots - gap
         a1 = math.pi / 2 - 2 * math.pi * (live + n_ok) / nslots + gap
