@@ -304,6 +304,55 @@ __device__ __forceinline__ void tc_load(uint4 (&wa)[RT][U], uint4 (&wb)[RT][U], 
     }
 }
 
+// One 32-k block of RT tiles: lane (g, t)'s weights a[r] (tile row g) and b[r] (row g + 8) at
+// k = 32kb + 8t .. +7 and its x values xv at the same k; x split into hi/mid/lo, then the two mma
+// steps h = 0, 1 of the three chains of each tile.
+template <int RT>
+__device__ __forceinline__ void tc_kblock(float (&dh)[RT][4], float (&dm)[RT][4], float (&dl)[RT][4],
+                                          const uint4 (&a)[RT], const uint4 (&b)[RT], const float (&xv)[8]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        unsigned h0, m0, l0, h1, m1, l1;
+        split3(xv[4 * h], xv[4 * h + 1], h0, m0, l0);       // slots 2t, 2t+1
+        split3(xv[4 * h + 2], xv[4 * h + 3], h1, m1, l1);   // slots 2t+8, 2t+9
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            const unsigned a0 = u4_word(a[r], 2 * h), a1 = u4_word(b[r], 2 * h);
+            const unsigned a2 = u4_word(a[r], 2 * h + 1), a3 = u4_word(b[r], 2 * h + 1);
+            mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
+            mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
+            mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
+        }
+    }
+}
+
+// The outputs of one tile from its D fragment acc: d0, d1 = tile row g (output ra = tile·OUT + g),
+// columns 2t, 2t + 1 (activation rows m0 + 2t, + 1); d2, d3 = tile row g + 8. EPI 0 store, 1 add,
+// 2 SwiGLU of gate row g with its up row g + 8.
+template <int EPI>
+__device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, int ra, int m0, int mc, int t,
+                                         const float (&acc)[4]) {
+    float* y0 = Y + (i64)(m0 + 2 * t) * ldy;
+    float* y1 = y0 + ldy;
+    const bool c0 = 2 * t < mc, c1 = 2 * t + 1 < mc;
+    if constexpr (EPI == 2) {
+        if (ra < N) {
+            if (c0) y0[ra] = silu_f(acc[0]) * acc[2];
+            if (c1) y1[ra] = silu_f(acc[1]) * acc[3];
+        }
+    } else {
+        const int rb = ra + 8;
+        if (ra < N) {
+            if (c0) y0[ra] = EPI == 1 ? y0[ra] + acc[0] : acc[0];
+            if (c1) y1[ra] = EPI == 1 ? y1[ra] + acc[1] : acc[1];
+        }
+        if (rb < N) {
+            if (c0) y0[rb] = EPI == 1 ? y0[rb] + acc[2] : acc[2];
+            if (c1) y1[rb] = EPI == 1 ? y1[rb] + acc[3] : acc[3];
+        }
+    }
+}
+
 // One super-chunk: x split into hi/mid/lo, three mma chains per tile from zero, then into acc.
 // x: lane (g, t) reads x[g, k + 8t .. + 7] (float4 pairs; X 16-byte aligned, ldx % 4 == 0).
 template <int RT, int U>
@@ -323,20 +372,13 @@ __device__ __forceinline__ void tc_chunk(const uint4 (&wa)[RT][U], const uint4 (
         float4 p = __ldg(xp), q = __ldg(xp + 1);
         if (!ok) p = q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        uint4 a[RT], b[RT];
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            unsigned h0, m0, l0, h1, m1, l1;
-            split3(xv[4 * s], xv[4 * s + 1], h0, m0, l0);       // slots 2t, 2t+1
-            split3(xv[4 * s + 2], xv[4 * s + 3], h1, m1, l1);   // slots 2t+8, 2t+9
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                const unsigned a0 = u4_word(wa[r][u], 2 * s), a1 = u4_word(wb[r][u], 2 * s);
-                const unsigned a2 = u4_word(wa[r][u], 2 * s + 1), a3 = u4_word(wb[r][u], 2 * s + 1);
-                mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
-                mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
-                mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
-            }
+        for (int r = 0; r < RT; ++r) {
+            a[r] = wa[r][u];
+            b[r] = wb[r][u];
         }
+        tc_kblock<RT>(dh, dm, dl, a, b, xv);
     }
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -412,26 +454,7 @@ __device__ __forceinline__ void gemv_tc_body(const bf16_t* __restrict__ W, int l
             }
         }
         if (kw != 0) continue;
-        const int ra = (tile0 + r) * OUT + g;         // d0, d1: row ra, columns 2t, 2t+1; d2, d3: row g+8
-        float* y0 = Y + (i64)(m0 + 2 * t) * ldy;
-        float* y1 = y0 + ldy;
-        const bool c0 = 2 * t < mc, c1 = 2 * t + 1 < mc;
-        if constexpr (EPI == 2) {
-            if (ra < N) {
-                if (c0) y0[ra] = silu_f(acc[r][0]) * acc[r][2];
-                if (c1) y1[ra] = silu_f(acc[r][1]) * acc[r][3];
-            }
-        } else {
-            const int rb = ra + 8;
-            if (ra < N) {
-                if (c0) y0[ra] = EPI == 1 ? y0[ra] + acc[r][0] : acc[r][0];
-                if (c1) y1[ra] = EPI == 1 ? y1[ra] + acc[r][1] : acc[r][1];
-            }
-            if (rb < N) {
-                if (c0) y0[rb] = EPI == 1 ? y0[rb] + acc[r][2] : acc[r][2];
-                if (c1) y1[rb] = EPI == 1 ? y1[rb] + acc[r][3] : acc[r][3];
-            }
-        }
+        tc_store<EPI>(Y, ldy, N, (tile0 + r) * OUT + g, m0, mc, t, acc[r]);
     }
 }
 
@@ -563,32 +586,22 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         const unsigned char* ws = ring + (s % ST) * SB + warp * TB;
         const unsigned char* xs = ring + (s % ST) * SB + WB + g * XP + 32 * t;
         const int nkbs = min(KC, khi - klo - s * KC) / 32;
-        float dh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dm[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float dh[1][4] = {}, dm[1][4] = {}, dl[1][4] = {};
         if (warp < nt) {
             for (int kb = 0; kb < nkbs; ++kb) {
-                const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
-                const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
+                const uint4 a[1] = {*(const uint4*)(ws + 1024 * kb + 16 * lane)};         // tile row g
+                const uint4 b[1] = {*(const uint4*)(ws + 1024 * kb + 512 + 16 * lane)};   // tile row g + 8
                 float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
                 if (xok) {
                     p = *(const float4*)(xs + 128 * kb);
                     q = *(const float4*)(xs + 128 * kb + 16);
                 }
                 const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    unsigned h0, md0, l0, h1, md1, l1;
-                    split3(xv[4 * h], xv[4 * h + 1], h0, md0, l0);       // slots 2t, 2t+1
-                    split3(xv[4 * h + 2], xv[4 * h + 3], h1, md1, l1);   // slots 2t+8, 2t+9
-                    const unsigned a0 = u4_word(a, 2 * h), a1 = u4_word(b, 2 * h);
-                    const unsigned a2 = u4_word(a, 2 * h + 1), a3 = u4_word(b, 2 * h + 1);
-                    mma_bf16_16816(dh, a0, a1, a2, a3, h0, h1);
-                    mma_bf16_16816(dm, a0, a1, a2, a3, md0, md1);
-                    mma_bf16_16816(dl, a0, a1, a2, a3, l0, l1);
-                }
+                tc_kblock<1>(dh, dm, dl, a, b, xv);
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
+        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[0][i] + (dm[0][i] + dl[0][i]));
         __syncthreads();   // every warp is done with slot s % ST before warp 0 refills it
     }
     if (warp >= nt) return;
@@ -613,27 +626,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         acc[0] = v.x; acc[1] = v.y; acc[2] = v.z; acc[3] = v.w;
         if (lane == 0) count[slot] = 0;   // ready for the next launch
     }
-    constexpr int OUT = EPI == 2 ? 8 : 16;
-    const int ra = tile * OUT + g;   // d0, d1: tile row g, columns 2t, 2t+1; d2, d3: tile row g + 8
-    float* y0 = Y + (i64)(m0 + 2 * t) * ldy;
-    float* y1 = y0 + ldy;
-    const bool c0 = 2 * t < mc, c1 = 2 * t + 1 < mc;
-    if constexpr (EPI == 2) {
-        if (ra < N) {
-            if (c0) y0[ra] = silu_f(acc[0]) * acc[2];
-            if (c1) y1[ra] = silu_f(acc[1]) * acc[3];
-        }
-    } else {
-        const int rb = ra + 8;
-        if (ra < N) {
-            if (c0) y0[ra] = EPI == 1 ? y0[ra] + acc[0] : acc[0];
-            if (c1) y1[ra] = EPI == 1 ? y1[ra] + acc[1] : acc[1];
-        }
-        if (rb < N) {
-            if (c0) y0[rb] = EPI == 1 ? y0[rb] + acc[2] : acc[2];
-            if (c1) y1[rb] = EPI == 1 ? y1[rb] + acc[3] : acc[3];
-        }
-    }
+    tc_store<EPI>(Y, ldy, N, tile * (EPI == 2 ? 8 : 16) + g, m0, mc, t, acc);
 }
 #define GEMV_TMB_KERNEL(NW, KC, ST, EPI)                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                             \
