@@ -226,7 +226,8 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     be.sync()
     R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
          "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
-         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K), "tmb_shape": list(linear.TMB_SHAPE)}
+         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K),
+         "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
 
     t0 = time.time()
     R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in KERNELS}

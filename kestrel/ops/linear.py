@@ -40,9 +40,10 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
                               | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
 
 # gemv_tmb: (NW tiles a block, KC k a stage, ST stages). KC and the K split (tmb_ksplit) fix a row's
-# order; NW and ST only its speed. TMB_SHAPE is the engine's; KESTREL_GEMV_SWEEP=1 compiles the rest.
-TMB_SHAPE = (4, 256, 3)
-TMB_SWEEP = ((1, 256, 3), (2, 256, 3), (2, 256, 4), (4, 256, 2), (8, 256, 2))
+# order; NW and ST only its speed, so the engine picks NW by the work (tmb_shape) among TMB_SHAPES,
+# widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
+TMB_SHAPES = ((4, 256, 3), (2, 256, 3), (1, 256, 3))
+TMB_SWEEP = ((2, 256, 4), (4, 256, 2), (8, 256, 2))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the K-split scratch: 64 MiB
@@ -53,7 +54,7 @@ def _instantiations(kind: str, shapes) -> str:
 
 
 _SWEEP = GEMV_FMA_SWEEP if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else ()
-_TMB = sorted({TMB_SHAPE, *(TMB_SWEEP if _SWEEP else ())})
+_TMB = sorted({*TMB_SHAPES, *(TMB_SWEEP if _SWEEP else ())})
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS,
                 "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
                 "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
@@ -171,6 +172,23 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
     return st * (nw * 32 * kc + 8 * (4 * kc + 16))
 
 
+_SM_COUNT: dict = {}
+
+
+def tmb_shape(tiles: int, ks: int) -> tuple:
+    """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
+    shared by more tiles) whose blocks still fill every block slot of the GPU once; else the
+    narrowest. Bits do not depend on it."""
+    if "n" not in _SM_COUNT:
+        import cupy as cp
+        _SM_COUNT["n"] = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
+    for shape in TMB_SHAPES:
+        per_sm = max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))   # 1 KB reserved a block
+        if L.cdiv(tiles, shape[0]) * ks >= _SM_COUNT["n"] * per_sm:
+            return shape
+    return TMB_SHAPES[-1]
+
+
 _TMB_SCRATCH: dict = {}
 
 
@@ -190,18 +208,18 @@ def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue
                     shape: tuple | None = None, ks: int | None = None):
     """(fn, grid, block, args, smem) of gemv_tmb: W [rows, K] bf16 (for its shape), tiled =
     tmb_tiled(W, K, epilogue, half), which the caller keeps alive as long as the launch.
-    shape (NW, KC, ST) and ks: benchmarks only (the defaults are the engine's)."""
+    shape (NW, KC, ST) and ks: benchmarks only (the defaults are the engine's: tmb_shape, tmb_ksplit)."""
     if not tmb_eligible(W, K, X, ldx):
         raise ValueError(f"gemv_tmb needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
                          f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
-    nw, kc, st = shape or TMB_SHAPE
-    if (nw, kc, st) not in _TMB:
-        raise ValueError(f"gemv_tmb shape {(nw, kc, st)} not compiled (one of {_TMB})")
     ks = ks or tmb_ksplit(K)
     if ks not in TMB_KSPLITS or ks > K // 32:
         raise ValueError(f"gemv_tmb K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
     epi = EPI[epilogue]
     T = tmb_tiles(W.shape[0], epilogue, half)
+    nw, kc, st = shape or tmb_shape(T, ks)
+    if (nw, kc, st) not in _TMB:
+        raise ValueError(f"gemv_tmb shape {(nw, kc, st)} not compiled (one of {_TMB})")
     if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
         raise ValueError(f"gemv_tmb: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
                          f"matrix ({T * 16}, {K})")
