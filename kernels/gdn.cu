@@ -126,7 +126,7 @@ __device__ __forceinline__ void gdn_recur_body(
     int nslice = nt / dv;
     if (nslice > dk) nslice = dk;
     if (nslice < 1) nslice = 1;
-    if constexpr (REGS) nslice = NSLICE;   // the launcher checks blockDim.x == GDN_RECUR_THREADS
+    if constexpr (REGS) nslice = NSLICE;   // blockDim.x is GDN_RECUR_THREADS (kestrel/ops/gdn.py's launch)
     const int col = tid % dv, kslice = tid / dv;
     const bool act = kslice < nslice;
     float Sr[NPER];

@@ -501,6 +501,16 @@ GEMV_TC_KSS(2, 2, 2)
 //          KC and ks alone (linear.tmb_ksplit): NW, ST, N and M change nothing, so row m of an M-row
 //          launch is bit-identical to that row alone, and a row of a stacked matrix to that row in
 //          its own matrix.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// Bulk copies and transaction mbarriers need sm_90: older GPUs get a stub (linear.tmb_eligible never
+// picks gemv_tmb there), so the rest of this file still compiles for them.
+template <int NW, int KC, int ST, int EPI>
+__device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__, const float* __restrict__, int,
+                                              float* __restrict__, int, int, int, int, int, int,
+                                              float4* __restrict__, int* __restrict__) {
+    __trap();
+}
+#else
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -609,15 +619,16 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         const int slot = blockIdx.y * ntiles + tile;
         const i64 stride = (i64)gridDim.y * ntiles * 32;   // one part
         part[z * stride + (i64)slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __threadfence();   // each lane's part is visible device-wide before the tile's count moves
         __syncwarp();
         int prev = 0;
         if (lane == 0) {
-            __threadfence();
             prev = atomicAdd(count + slot, 1);
+            __threadfence();
         }
+        __syncwarp();
         prev = __shfl_sync(0xffffffffu, prev, 0);
         if (prev != ks - 1) return;   // not the last part of this tile to finish
-        __threadfence();
         float4 v = __ldcg(part + (i64)slot * 32 + lane);
         for (int q = 1; q < ks; ++q) {
             const float4 u = __ldcg(part + q * stride + (i64)slot * 32 + lane);
@@ -628,6 +639,8 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     }
     tc_store<EPI>(Y, ldy, N, tile * (EPI == 2 ? 8 : 16) + g, m0, mc, t, acc);
 }
+#endif
+
 #define GEMV_TMB_KERNEL(NW, KC, ST, EPI)                                                                              \
     extern "C" __global__ void __launch_bounds__(NW * 32)                                                             \
         gemv_tmb_w##NW##_c##KC##_s##ST##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,   \

@@ -11,6 +11,7 @@ Rows run one after another (the recurrence is sequential). The state after each 
 either back in place, or - for per-row checkpoints - into its own slot (the row reads the
 previous row's slot), leaving the starting state untouched.
 """
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,9 @@ GDN_CONV_THREADS = 128
 GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
 GDN_RECUR_THREADS = 512
 GDN_RECUR_REGS_DK = GDN_RECUR_REGS_DV = 128   # the head dims gdn_recur_regs is compiled for
+GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "regs")   # "regs" where the dims allow, or "smem" (A/B timing)
+if GDN_RECUR not in ("regs", "smem"):
+    raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected 'regs' or 'smem'")
 GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
                 "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_RECUR_REGS_DK": GDN_RECUR_REGS_DK,
@@ -145,11 +149,11 @@ def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y,
                      mode: str, ctrl, M, sh: GDNShape, regs: bool | None = None):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
     (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read).
-    regs: S in registers (gdn_recur_regs); default wherever the head dims allow it (tests force
-    either: the two must agree bit for bit)."""
+    regs: S in registers (gdn_recur_regs); default wherever the head dims allow it unless
+    GDN_RECUR is "smem" (tests force either: the two must agree bit for bit)."""
     check_cuda_shape(sh)
     can = gdn_recur_in_registers(sh.dk, sh.dv)
-    regs = can if regs is None else regs
+    regs = (can and GDN_RECUR == "regs") if regs is None else regs
     if regs and not can:
         raise ValueError(f"gdn_recur_regs is compiled for dk, dv = {GDN_RECUR_REGS_DK}, {GDN_RECUR_REGS_DV}, "
                          f"not {sh.dk}, {sh.dv}")

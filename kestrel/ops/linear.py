@@ -46,7 +46,7 @@ TMB_SHAPES = ((4, 256, 3), (2, 256, 3), (1, 256, 3))
 TMB_SWEEP = ((2, 256, 4), (4, 256, 2), (8, 256, 2))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
-TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the K-split scratch: 64 MiB
+TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
 
 
 def _instantiations(kind: str, shapes) -> str:
@@ -136,10 +136,24 @@ def tmb_ksplit(K: int) -> int:
     return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 2 if K <= 8192 else 4)
 
 
+_DEVICE: dict = {}
+
+
+def _device() -> dict:
+    """The current GPU's compute capability and multiprocessor count (read once)."""
+    if not _DEVICE:
+        import cupy as cp
+        dev = cp.cuda.Device()
+        _DEVICE["cc"] = int(dev.compute_capability)
+        _DEVICE["sms"] = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
+    return _DEVICE
+
+
 def tmb_eligible(W, K: int, X, ldx: int) -> bool:
-    """bf16 weights, K in 32-k blocks, activations the bulk copies can read (16-byte aligned rows)."""
+    """bf16 weights, K in 32-k blocks, activations the bulk copies can read (16-byte aligned rows),
+    a GPU with bulk copies (sm_90 and later)."""
     return (W.dtype == np.uint16 and K % 32 == 0 and tmb_ksplit(K) <= K // 32 and ldx % 4 == 0
-            and X.data.ptr % 16 == 0)
+            and X.data.ptr % 16 == 0 and _device()["cc"] >= 90)
 
 
 def tmb_tiles(rows: int, epilogue: str = "store", half: int = 0) -> int:
@@ -172,36 +186,32 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
     return st * (nw * 32 * kc + 8 * (4 * kc + 16))
 
 
-_SM_COUNT: dict = {}
-
-
 def tmb_shape(tiles: int, ks: int) -> tuple:
     """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
     shared by more tiles) whose blocks still fill every block slot of the GPU once; else the
     narrowest. Bits do not depend on it."""
-    if "n" not in _SM_COUNT:
-        import cupy as cp
-        _SM_COUNT["n"] = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["multiProcessorCount"]
     for shape in TMB_SHAPES:
         per_sm = max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))   # 1 KB reserved a block
-        if L.cdiv(tiles, shape[0]) * ks >= _SM_COUNT["n"] * per_sm:
+        if L.cdiv(tiles, shape[0]) * ks >= _device()["sms"] * per_sm:
             return shape
     return TMB_SHAPES[-1]
 
 
-_TMB_SCRATCH: dict = {}
+_TMB_SCRATCH: list = []     # (slots, part, count), each larger than the one before; none is freed
 
 
-def tmb_scratch():
-    """The K-split scratch every gemv_tmb launch shares: partial D fragments (float4 per lane) and
-    one arrival count per (row group, tile), zero between launches (the last block resets it).
-    Launches in one stream never overlap their use of it: a kernel touches it only after
-    griddep_wait(), when the kernel before it has finished."""
-    if "part" not in _TMB_SCRATCH:
+def tmb_scratch(slots: int = 0):
+    """The K-split scratch that gemv_tmb launches share: partial D fragments (a float4 per lane) of
+    `slots` (part, row group, tile) slots at least, and one arrival count per slot, zero between
+    launches (the last block of a tile resets it). Launches in one stream never overlap their use
+    of it: a kernel touches it only after griddep_wait(), when the kernel before it has finished.
+    A launch that needs more (a long prefill) gets a new, larger scratch; the old ones stay
+    allocated, since launches already built (cached plans) point into them."""
+    if not _TMB_SCRATCH or _TMB_SCRATCH[-1][0] < slots:
         import cupy as cp
-        _TMB_SCRATCH["part"] = cp.empty((TMB_SCRATCH_SLOTS * 32, 4), cp.float32)
-        _TMB_SCRATCH["count"] = cp.zeros(TMB_SCRATCH_SLOTS, cp.int32)
-    return _TMB_SCRATCH["part"], _TMB_SCRATCH["count"]
+        n = max(slots, TMB_SCRATCH_SLOTS, 2 * _TMB_SCRATCH[-1][0] if _TMB_SCRATCH else 0)
+        _TMB_SCRATCH.append((n, cp.empty((n * 32, 4), cp.float32), cp.zeros(n, cp.int32)))
+    return _TMB_SCRATCH[-1][1], _TMB_SCRATCH[-1][2]
 
 
 def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
@@ -225,10 +235,7 @@ def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue
                          f"matrix ({T * 16}, {K})")
     nout = half if epi == 2 else W.shape[0]
     gy = L.cdiv(M, 8)
-    part, count = tmb_scratch()
-    if ks > 1 and ks * gy * T > TMB_SCRATCH_SLOTS:
-        raise ValueError(f"gemv_tmb: {ks} parts × {gy} row groups × {T} tiles exceed the K-split scratch "
-                         f"({TMB_SCRATCH_SLOTS} slots)")
+    part, count = tmb_scratch(ks * gy * T if ks > 1 else 0)
     fn = L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
     sm = L.smem(fn, tmb_smem(nw, kc, st), "gemv_tmb")
     args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
