@@ -42,8 +42,8 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
 # gemv_tmb: (NW tiles a block, KC k a stage, ST stages). KC and the K split (tmb_ksplit) fix a row's
 # order; NW and ST only its speed, so the engine picks NW by the work (tmb_shape) among TMB_SHAPES,
 # widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
-TMB_SHAPES = ((4, 256, 3), (2, 256, 3), (1, 256, 3))
-TMB_SWEEP = ((2, 256, 4), (4, 256, 2), (8, 256, 2))
+TMB_SHAPES = ((4, 256, 2), (1, 256, 3))
+TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
@@ -133,7 +133,7 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
 def tmb_ksplit(K: int) -> int:
     """Blocks that share one tile's K range in gemv_tmb: from K alone, like tc_ksplit. More parts
     for long rows, whose matrices (the MLP down and attention/GDN out projections) are short."""
-    return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 2 if K <= 8192 else 4)
+    return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 3)
 
 
 _DEVICE: dict = {}
@@ -188,11 +188,11 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
     """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
-    shared by more tiles) whose blocks still fill every block slot of the GPU once; else the
-    narrowest. Bits do not depend on it."""
+    shared by more tiles) whose blocks fill at least 80% of the GPU's block slots at once (fewer
+    leave copy bandwidth unused); else the narrowest. Bits do not depend on it."""
     for shape in TMB_SHAPES:
         per_sm = max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))   # 1 KB reserved a block
-        if L.cdiv(tiles, shape[0]) * ks >= _device()["sms"] * per_sm:
+        if L.cdiv(tiles, shape[0]) * ks >= 0.8 * _device()["sms"] * per_sm:
             return shape
     return TMB_SHAPES[-1]
 
