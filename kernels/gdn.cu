@@ -25,6 +25,9 @@
 //             k-slice t / dv (k = slice, slice + nslice, ...; nslice = T / dv); column sums add the
 //             nslice slices in order. dk, dv <= 512. Rows run in order inside
 //             the block, so row j's arithmetic is the same whatever M is.
+//             gdn_recur_regs: the same with each thread's elements of S in registers (no dk·dv
+//             floats of shared memory, no shared-memory round trip per pass), compiled for
+//             dk = GDN_RECUR_REGS_DK, dv = GDN_RECUR_REGS_DV (every Qwen3.5 size: 128, 128).
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
@@ -88,20 +91,29 @@ __device__ __forceinline__ void copy_state(float* __restrict__ dst, const float*
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
+// REGS = false: S in shared memory, any dk, dv the launcher accepts. REGS = true: dk = DK and
+// dv = DV fixed at compile time, each thread keeping its NPER = DK / nslice elements of S (column
+// col, k = kslice + i·nslice) in registers; compile-time dims turn every address into a base plus
+// a constant, so the elements stay in registers. The same operations on the same elements in the
+// same order: the two agree bit for bit (kestrel/ops/gdn.py picks by shape alone).
+template <bool REGS, int DK, int DV>
+__device__ __forceinline__ void gdn_recur_body(
     const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz, const float* __restrict__ b, int ldb,
     const float* __restrict__ a, int lda, const float* __restrict__ A_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring, i64 slot_stride,
-    int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv, int dk, int dv, float qscale,
+    int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv, int dk_arg, int dv_arg, float qscale,
     float eps) {
     extern __shared__ float4 sm4[];   // float4: 16-byte aligned for the vector state copies
     float* sm = reinterpret_cast<float*>(sm4);
     griddep_launch();
     griddep_wait();
+    const int dk = REGS ? DK : dk_arg, dv = REGS ? DV : dv_arg;
+    constexpr int NSLICE = REGS ? (GDN_RECUR_THREADS / DV < DK ? GDN_RECUR_THREADS / DV : DK) : 1;
+    constexpr int NPER = REGS ? (DK + NSLICE - 1) / NSLICE : 1;
     const int n = dk * dv;
     const int h = blockIdx.x, kh = h / (nv / nk), tid = threadIdx.x, nt = blockDim.x;
-    float* S = sm;
-    float* q_sh = S + n;
+    float* S = sm;                          // NPER = 0 only
+    float* q_sh = REGS ? sm : S + n;
     float* k_sh = q_sh + dk;
     float* vd = k_sh + dk;      // v, then delta
     float* part = vd + dv;    // blockDim.x partial column sums
@@ -109,14 +121,24 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
     const int slot = ctrl[CTRL_SLOT];
     const i64 hoff = (i64)h * n;
     float* Sg = S_ring + (i64)(slot % nslots) * slot_stride + hoff;
-    copy_state(S, Sg, n);
     const float decay = -expf(A_log[h]);
     const float dtb = dt_bias[h];
     int nslice = nt / dv;
     if (nslice > dk) nslice = dk;
     if (nslice < 1) nslice = 1;
+    if constexpr (REGS) nslice = NSLICE;   // blockDim.x is GDN_RECUR_THREADS (kestrel/ops/gdn.py's launch)
     const int col = tid % dv, kslice = tid / dv;
     const bool act = kslice < nslice;
+    float Sr[NPER];
+    if constexpr (!REGS) {
+        copy_state(S, Sg, n);
+    } else {
+#pragma unroll
+        for (int i = 0; i < NPER; ++i) {
+            const int kk = kslice + i * nslice;
+            Sr[i] = (act && kk < dk) ? Sg[kk * dv + col] : 0.0f;
+        }
+    }
     __syncthreads();
     for (int j = 0; j < M; ++j) {
         const float* xr = xc + (i64)j * ldx;
@@ -140,13 +162,26 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
         __syncthreads();
         // pass A: decay, partial (Sᵀk)[col]
         float acc = 0.0f;
-        if (act)
+        if (act) {
+            if constexpr (!REGS) {
 #pragma unroll 4
-            for (int kk = kslice; kk < dk; kk += nslice) {
-                const float s = S[kk * dv + col] * eg;
-                S[kk * dv + col] = s;
-                acc += s * k_sh[kk];
+                for (int kk = kslice; kk < dk; kk += nslice) {
+                    const float s = S[kk * dv + col] * eg;
+                    S[kk * dv + col] = s;
+                    acc += s * k_sh[kk];
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < NPER; ++i) {
+                    const int kk = kslice + i * nslice;
+                    if (kk < dk) {
+                        const float s = Sr[i] * eg;
+                        Sr[i] = s;
+                        acc += s * k_sh[kk];
+                    }
+                }
             }
+        }
         part[tid] = acc;
         __syncthreads();
         if (tid < dv) {
@@ -159,11 +194,23 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
         acc = 0.0f;
         if (act) {
             const float dl = vd[col];
+            if constexpr (!REGS) {
 #pragma unroll 4
-            for (int kk = kslice; kk < dk; kk += nslice) {
-                const float s = S[kk * dv + col] + k_sh[kk] * dl;
-                S[kk * dv + col] = s;
-                acc += s * q_sh[kk];
+                for (int kk = kslice; kk < dk; kk += nslice) {
+                    const float s = S[kk * dv + col] + k_sh[kk] * dl;
+                    S[kk * dv + col] = s;
+                    acc += s * q_sh[kk];
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < NPER; ++i) {
+                    const int kk = kslice + i * nslice;
+                    if (kk < dk) {
+                        const float s = Sr[i] + k_sh[kk] * dl;
+                        Sr[i] = s;
+                        acc += s * q_sh[kk];
+                    }
+                }
             }
         }
         part[tid] = acc;
@@ -179,8 +226,42 @@ extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) gdn_recur(
             const float zz = z[(i64)j * ldz + (i64)h * dv + tid];
             y[(i64)j * ldy + (i64)h * dv + tid] = (norm_w[tid] * (o * inv)) * silu_f(zz);
         }
-        if (mode == GDN_CHECKPOINT) copy_state(S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff, S, n);
+        if (mode == GDN_CHECKPOINT) {
+            float* dst = S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff;
+            if constexpr (!REGS) {
+                copy_state(dst, S, n);
+            } else if (act) {
+#pragma unroll
+                for (int i = 0; i < NPER; ++i) {
+                    const int kk = kslice + i * nslice;
+                    if (kk < dk) dst[kk * dv + col] = Sr[i];
+                }
+            }
+        }
         __syncthreads();
     }
-    if (mode == GDN_IN_PLACE) copy_state(Sg, S, n);
+    if (mode == GDN_IN_PLACE) {
+        if constexpr (!REGS) {
+            copy_state(Sg, S, n);
+        } else if (act) {
+#pragma unroll
+            for (int i = 0; i < NPER; ++i) {
+                const int kk = kslice + i * nslice;
+                if (kk < dk) Sg[kk * dv + col] = Sr[i];
+            }
+        }
+    }
 }
+
+#define GDN_RECUR_KERNEL(NAME, REGS, DK, DV)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GDN_RECUR_THREADS, 1) NAME(                                          \
+        const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz, const float* __restrict__ b,     \
+        int ldb, const float* __restrict__ a, int lda, const float* __restrict__ A_log,                               \
+        const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ y, int ldy,          \
+        float* __restrict__ S_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,       \
+        int nk, int nv, int dk, int dv, float qscale, float eps) {                                                     \
+        gdn_recur_body<REGS, DK, DV>(xc, ldx, z, ldz, b, ldb, a, lda, A_log, dt_bias, norm_w, y, ldy, S_ring, slot_stride,    \
+                             nslots, mode, ctrl, M, nk, nv, dk, dv, qscale, eps);                                     \
+    }
+GDN_RECUR_KERNEL(gdn_recur, false, 0, 0)
+GDN_RECUR_KERNEL(gdn_recur_regs, true, GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)

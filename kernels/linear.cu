@@ -1,5 +1,5 @@
 // kernels/linear.cu: dense projection for a few rows, y = x · Wᵀ (NumPy twin and launchers:
-// kestrel/ops/linear.py). Two kernels compute it; kestrel/ops/linear.py says which one runs.
+// kestrel/ops/linear.py). Three kernels compute it; kestrel/ops/linear.py says which one runs.
 //
 // Math (both)  y[m, n] = Σ_k W[n, k] · x[m, k] with fp32 accumulation; x, y fp32; W bf16 (raw bits)
 //              or fp32. Epilogue EPI: 0 store y = s; 1 accumulate y = y + s (the residual add);
@@ -304,6 +304,55 @@ __device__ __forceinline__ void tc_load(uint4 (&wa)[RT][U], uint4 (&wb)[RT][U], 
     }
 }
 
+// One 32-k block of RT tiles: lane (g, t)'s weights a[r] (tile row g) and b[r] (row g + 8) at
+// k = 32kb + 8t .. +7 and its x values xv at the same k; x split into hi/mid/lo, then the two mma
+// steps h = 0, 1 of the three chains of each tile.
+template <int RT>
+__device__ __forceinline__ void tc_kblock(float (&dh)[RT][4], float (&dm)[RT][4], float (&dl)[RT][4],
+                                          const uint4 (&a)[RT], const uint4 (&b)[RT], const float (&xv)[8]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        unsigned h0, m0, l0, h1, m1, l1;
+        split3(xv[4 * h], xv[4 * h + 1], h0, m0, l0);       // slots 2t, 2t+1
+        split3(xv[4 * h + 2], xv[4 * h + 3], h1, m1, l1);   // slots 2t+8, 2t+9
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            const unsigned a0 = u4_word(a[r], 2 * h), a1 = u4_word(b[r], 2 * h);
+            const unsigned a2 = u4_word(a[r], 2 * h + 1), a3 = u4_word(b[r], 2 * h + 1);
+            mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
+            mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
+            mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
+        }
+    }
+}
+
+// The outputs of one tile from its D fragment acc: d0, d1 = tile row g (output ra = tile·OUT + g),
+// columns 2t, 2t + 1 (activation rows m0 + 2t, + 1); d2, d3 = tile row g + 8. EPI 0 store, 1 add,
+// 2 SwiGLU of gate row g with its up row g + 8.
+template <int EPI>
+__device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, int ra, int m0, int mc, int t,
+                                         const float (&acc)[4]) {
+    float* y0 = Y + (i64)(m0 + 2 * t) * ldy;
+    float* y1 = y0 + ldy;
+    const bool c0 = 2 * t < mc, c1 = 2 * t + 1 < mc;
+    if constexpr (EPI == 2) {
+        if (ra < N) {
+            if (c0) y0[ra] = silu_f(acc[0]) * acc[2];
+            if (c1) y1[ra] = silu_f(acc[1]) * acc[3];
+        }
+    } else {
+        const int rb = ra + 8;
+        if (ra < N) {
+            if (c0) y0[ra] = EPI == 1 ? y0[ra] + acc[0] : acc[0];
+            if (c1) y1[ra] = EPI == 1 ? y1[ra] + acc[1] : acc[1];
+        }
+        if (rb < N) {
+            if (c0) y0[rb] = EPI == 1 ? y0[rb] + acc[2] : acc[2];
+            if (c1) y1[rb] = EPI == 1 ? y1[rb] + acc[3] : acc[3];
+        }
+    }
+}
+
 // One super-chunk: x split into hi/mid/lo, three mma chains per tile from zero, then into acc.
 // x: lane (g, t) reads x[g, k + 8t .. + 7] (float4 pairs; X 16-byte aligned, ldx % 4 == 0).
 template <int RT, int U>
@@ -323,20 +372,13 @@ __device__ __forceinline__ void tc_chunk(const uint4 (&wa)[RT][U], const uint4 (
         float4 p = __ldg(xp), q = __ldg(xp + 1);
         if (!ok) p = q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        uint4 a[RT], b[RT];
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-            unsigned h0, m0, l0, h1, m1, l1;
-            split3(xv[4 * s], xv[4 * s + 1], h0, m0, l0);       // slots 2t, 2t+1
-            split3(xv[4 * s + 2], xv[4 * s + 3], h1, m1, l1);   // slots 2t+8, 2t+9
-#pragma unroll
-            for (int r = 0; r < RT; ++r) {
-                const unsigned a0 = u4_word(wa[r][u], 2 * s), a1 = u4_word(wb[r][u], 2 * s);
-                const unsigned a2 = u4_word(wa[r][u], 2 * s + 1), a3 = u4_word(wb[r][u], 2 * s + 1);
-                mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
-                mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
-                mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
-            }
+        for (int r = 0; r < RT; ++r) {
+            a[r] = wa[r][u];
+            b[r] = wb[r][u];
         }
+        tc_kblock<RT>(dh, dm, dl, a, b, xv);
     }
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -412,26 +454,7 @@ __device__ __forceinline__ void gemv_tc_body(const bf16_t* __restrict__ W, int l
             }
         }
         if (kw != 0) continue;
-        const int ra = (tile0 + r) * OUT + g;         // d0, d1: row ra, columns 2t, 2t+1; d2, d3: row g+8
-        float* y0 = Y + (i64)(m0 + 2 * t) * ldy;
-        float* y1 = y0 + ldy;
-        const bool c0 = 2 * t < mc, c1 = 2 * t + 1 < mc;
-        if constexpr (EPI == 2) {
-            if (ra < N) {
-                if (c0) y0[ra] = silu_f(acc[r][0]) * acc[r][2];
-                if (c1) y1[ra] = silu_f(acc[r][1]) * acc[r][3];
-            }
-        } else {
-            const int rb = ra + 8;
-            if (ra < N) {
-                if (c0) y0[ra] = EPI == 1 ? y0[ra] + acc[r][0] : acc[r][0];
-                if (c1) y1[ra] = EPI == 1 ? y1[ra] + acc[r][1] : acc[r][1];
-            }
-            if (rb < N) {
-                if (c0) y0[rb] = EPI == 1 ? y0[rb] + acc[r][2] : acc[r][2];
-                if (c1) y1[rb] = EPI == 1 ? y1[rb] + acc[r][3] : acc[r][3];
-            }
-        }
+        tc_store<EPI>(Y, ldy, N, (tile0 + r) * OUT + g, m0, mc, t, acc[r]);
     }
 }
 
@@ -452,3 +475,178 @@ GEMV_TC_KSS(1, 4, 2)
 GEMV_TC_KSS(1, 4, 3)
 GEMV_TC_KSS(1, 2, 4)
 GEMV_TC_KSS(2, 2, 2)
+
+// ==== gemv_tmb_*: tensor cores fed by bulk copies from tiled weights (every M costs about what M = 1 costs) ==
+//
+// Math     as gemv_tc: x split exactly into three bf16 terms, three mma chains (hi, mid, lo), here
+//          restarted at each stage: acc = acc + (D_hi + (D_mid + D_lo)).
+// Layout   W tiled (linear.tmb_tiled): per tile of 16 rows (EPI 2: 8 gate rows, then their 8 up rows),
+//          per 32-k block kb, 1 KB = [h = 0, 1][lane = 4g + t] uint4, the 8 bf16 of tile row g + 8h at
+//          k = 32kb + 8t .. +7 (the K permutation of gemv_tc, so lane (g, t)'s two uint4 are its A
+//          fragment for two mma steps). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
+//          x [M, ldx] fp32 as the model writes it.
+// Launch   block = NW warps = NW tiles (warp w: tile NW·blockIdx.x + w) × one K part (blockIdx.z of ks,
+//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8 activation rows (blockIdx.y). Each stage of KC k
+//          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
+//          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
+//          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
+//          one lane each; the weights of the first ST − 1 stages before griddep_wait(). Dynamic
+//          shared memory ST · (NW·32·KC + 8·(4·KC + 16)) bytes (linear.tmb_smem); x rows are padded
+//          to 4·KC + 16 bytes so lane (g, t)'s float4 reads hit every bank once.
+// Split K  ks > 1: each (tile, part) writes its D fragment to part[z][y][tile][lane] (linear.tmb_scratch);
+//          the last of a tile's ks blocks to arrive at count[y·T + tile] adds part 0 + part 1 + ... in
+//          that order, applies the epilogue and sets the count back to 0 for the next launch.
+// Order    per output element: for each part, for each of its stages in increasing k, the three
+//          chains over the stage's kb, into acc as above; then the parts in index order. Fixed by K,
+//          KC and ks alone (linear.tmb_ksplit): NW, ST, N and M change nothing, so row m of an M-row
+//          launch is bit-identical to that row alone, and a row of a stacked matrix to that row in
+//          its own matrix.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// Bulk copies and transaction mbarriers need sm_90: older GPUs get a stub (linear.tmb_eligible never
+// picks gemv_tmb there), so the rest of this file still compiles for them.
+template <int NW, int KC, int ST, int EPI>
+__device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__, const float* __restrict__, int,
+                                              float* __restrict__, int, int, int, int, int, int,
+                                              float4* __restrict__, int* __restrict__) {
+    __trap();
+}
+#else
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile(
+        "{\n\t.reg .pred P1;\n"
+        "TMB_WAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+        "@P1 bra TMB_DONE;\n\t"
+        "bra TMB_WAIT;\n"
+        "TMB_DONE:\n\t}" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+template <int NW, int KC, int ST, int EPI>
+__device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,
+                                              float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,
+                                              int ks, float4* __restrict__ part, int* __restrict__ count) {
+    constexpr int XP = 4 * KC + 16;    // x row pitch in shared memory (≡ 16 mod 128: no bank conflicts)
+    constexpr int TB = 32 * KC;        // one tile's stage
+    constexpr int WB = NW * TB, SB = WB + 8 * XP;
+    extern __shared__ __align__(128) unsigned char ring[];
+    __shared__ unsigned long long wfull[ST], xfull[ST];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile0 = blockIdx.x * NW, tile = tile0 + warp;
+    const int nt = min(NW, ntiles - tile0);
+    const int m0 = blockIdx.y * 8, mc = min(8, M - m0);
+    const int nkb = K / 32, z = blockIdx.z;
+    const int klo = 32 * (int)((i64)z * nkb / ks), khi = 32 * (int)((i64)(z + 1) * nkb / ks);
+    const int nst = (khi - klo + KC - 1) / KC;
+
+    auto issue = [&](int s, bool weights, bool acts) {   // warp 0: stage s into slot s % ST
+        unsigned char* dst = ring + (s % ST) * SB;
+        const int k0 = klo + s * KC, kn = min(KC, khi - k0);
+        if (weights) {
+            if (lane == 0) mbar_expect(&wfull[s % ST], (unsigned)(nt * kn * 32));
+            if (lane < nt)
+                bulk_copy(dst + lane * TB, (const unsigned char*)W + ((i64)(tile0 + lane) * K + k0) * 32,
+                          (unsigned)(kn * 32), &wfull[s % ST]);
+        }
+        if (acts) {
+            if (lane == 0) mbar_expect(&xfull[s % ST], (unsigned)(mc * kn * 4));
+            const int m = lane - 16;
+            if (m >= 0 && m < mc)
+                bulk_copy(dst + WB + m * XP, X + (i64)(m0 + m) * ldx + k0, (unsigned)(kn * 4), &xfull[s % ST]);
+        }
+    };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ST; ++s) {
+            mbar_init(&wfull[s], 1);
+            mbar_init(&xfull[s], 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    if (warp == 0)
+        for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, true, false);   // weights: before the wait
+    __syncthreads();
+    griddep_launch();
+    griddep_wait();
+    if (warp == 0)
+        for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, false, true);
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const bool xok = g < mc;
+    for (int s = 0; s < nst; ++s) {
+        if (warp == 0 && s + ST - 1 < nst) issue(s + ST - 1, true, true);   // the slot read last round
+        const unsigned par = (unsigned)((s / ST) & 1);
+        mbar_wait(&wfull[s % ST], par);
+        mbar_wait(&xfull[s % ST], par);
+        const unsigned char* ws = ring + (s % ST) * SB + warp * TB;
+        const unsigned char* xs = ring + (s % ST) * SB + WB + g * XP + 32 * t;
+        const int nkbs = min(KC, khi - klo - s * KC) / 32;
+        float dh[1][4] = {}, dm[1][4] = {}, dl[1][4] = {};
+        if (warp < nt) {
+            for (int kb = 0; kb < nkbs; ++kb) {
+                const uint4 a[1] = {*(const uint4*)(ws + 1024 * kb + 16 * lane)};         // tile row g
+                const uint4 b[1] = {*(const uint4*)(ws + 1024 * kb + 512 + 16 * lane)};   // tile row g + 8
+                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
+                if (xok) {
+                    p = *(const float4*)(xs + 128 * kb);
+                    q = *(const float4*)(xs + 128 * kb + 16);
+                }
+                const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+                tc_kblock<1>(dh, dm, dl, a, b, xv);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[0][i] + (dm[0][i] + dl[0][i]));
+        __syncthreads();   // every warp is done with slot s % ST before warp 0 refills it
+    }
+    if (warp >= nt) return;
+    if (ks > 1) {
+        const int slot = blockIdx.y * ntiles + tile;
+        const i64 stride = (i64)gridDim.y * ntiles * 32;   // one part
+        part[z * stride + (i64)slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __threadfence();   // each lane's part is visible device-wide before the tile's count moves
+        __syncwarp();
+        int prev = 0;
+        if (lane == 0) {
+            prev = atomicAdd(count + slot, 1);
+            __threadfence();
+        }
+        __syncwarp();
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != ks - 1) return;   // not the last part of this tile to finish
+        float4 v = __ldcg(part + (i64)slot * 32 + lane);
+        for (int q = 1; q < ks; ++q) {
+            const float4 u = __ldcg(part + q * stride + (i64)slot * 32 + lane);
+            v.x = v.x + u.x; v.y = v.y + u.y; v.z = v.z + u.z; v.w = v.w + u.w;
+        }
+        acc[0] = v.x; acc[1] = v.y; acc[2] = v.z; acc[3] = v.w;
+        if (lane == 0) count[slot] = 0;   // ready for the next launch
+    }
+    tc_store<EPI>(Y, ldy, N, tile * (EPI == 2 ? 8 : 16) + g, m0, mc, t, acc);
+}
+#endif
+
+#define GEMV_TMB_KERNEL(NW, KC, ST, EPI)                                                                              \
+    extern "C" __global__ void __launch_bounds__(NW * 32)                                                             \
+        gemv_tmb_w##NW##_c##KC##_s##ST##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,   \
+                                                float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,      \
+                                                int ks, float4* __restrict__ part, int* __restrict__ count) {         \
+        gemv_tmb_body<NW, KC, ST, EPI>(W, X, ldx, Y, ldy, N, K, M, ntiles, ks, part, count);                         \
+    }
+#define GEMV_TMB(NW, KC, ST) GEMV_TMB_KERNEL(NW, KC, ST, 0) GEMV_TMB_KERNEL(NW, KC, ST, 1) GEMV_TMB_KERNEL(NW, KC, ST, 2)
+GEMV_TMB_VARIANTS

@@ -81,7 +81,8 @@ def read_bandwidth(be, nbytes=2 << 30, reps=15):
 
 
 def gemv_sweep(be, reps=15, shapes=None):
-    """linear.cu alone on the 27B projection shapes (bf16): M = 1 and 4, K-split ks = 1, 2, 4."""
+    """linear.cu's CUDA-core GEMV alone on the 27B projection shapes (bf16): M = 1 and 4, K-split
+    ks = 1, 2, 4."""
     import cupy as cp
     from kestrel.cuda import launch as L
     from kestrel.ops.linear import gemv_launch
@@ -101,7 +102,7 @@ def gemv_sweep(be, reps=15, shapes=None):
                 L.KSPLIT_BY_K[K] = ks
                 try:
                     launch = gemv_launch(W, X, Y, m, K, K, N, epilogue="swiglu" if epi == 2 else "store",
-                                         half=N if epi == 2 else 0)
+                                         half=N if epi == 2 else 0, bf16_gemv="fma")
                     t = med(timed(be, lambda: L.go(launch, be.stream), reps))
                 finally:
                     L.KSPLIT_BY_K.pop(K, None)
@@ -129,14 +130,14 @@ def kernel_breakdown(be, plan, reps=3, R=8):
                 g = st.end_capture()
         t = med(timed(be, lambda: g.launch(st), reps, warm=1)) / R
         name = getattr(fn, "name", "?")
-        k = name.split("_v")[0] + name[-3:] if name.startswith("gemv") else name
+        k = name.split("_v")[0] + name[-3:] if name.startswith("gemv") and "_v" in name else name
         a = agg.setdefault(k, {"launches": 0, "ms": 0.0, "weight_bytes": 0})
         a["launches"] += 1
         a["ms"] += t
-        if name.startswith("gemv"):
-            N, K = int(args[6]), int(args[7])
+        if name.startswith("gemv"):   # (N, K) in the argument list of kestrel/ops/linear.py's launchers
+            N, K = (int(args[5]), int(args[6])) if name.startswith("gemv_tmb") else (int(args[6]), int(args[7]))
             rows = 2 * N if name.endswith("e2") else N
-            a["weight_bytes"] += rows * K * (2 if "bf16" in name else 4)
+            a["weight_bytes"] += rows * K * (4 if "f32" in name else 2)
         total += t
     for a in agg.values():
         if a["weight_bytes"]:

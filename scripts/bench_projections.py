@@ -132,16 +132,20 @@ def read_variants(be, cp, bufs, per_graph, reps, sink):
 
 
 # ---- checks ---------------------------------------------------------------------------------------
+KERNELS = ("fma", "tensor", "tmb")   # kestrel's bf16 GEMVs (kestrel/ops/linear.py BF16_GEMVS)
+
+
 def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, twin_rows=1024):
     """rel vs float64 (all rows), rel vs the NumPy twin (rows [0, twin_rows)), all written,
     rows bit-identical for M = 1..8. W: [rows, K] bf16 bits; x [8, K]; y0 [8, N] (add)."""
     from kestrel.cuda import launch as L
     from kestrel.ops import linear, mlp
     half = N if epi == "swiglu" else 0
+    tiled = linear.tmb_tiled(W, K, epi, half) if kernel == "tmb" else None
 
     def run(j0, m):
         y = y0[j0:j0 + m].copy() if epi == "add" else cp.full((m, N), np.nan, np.float32)
-        L.go(linear.gemv_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half, bf16_gemv=kernel), be.stream)
+        L.go(linear.gemv_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half, bf16_gemv=kernel, tiled=tiled), be.stream)
         return y
     alone = [run(j, 1)[0] for j in range(8)]
     invariant, written = True, True
@@ -222,10 +226,12 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     be.sync()
     R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
          "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
-         "tc_variant": list(linear.TC_VARIANT)}
+         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K),
+         "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
 
     t0 = time.time()
-    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in ("fma", "tensor")}
+    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in KERNELS}
+    Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
     log(f"{label}: checks {json.dumps(R['checks'])} ({time.time() - t0:.1f} s)")
 
     def gbps(t):
@@ -235,12 +241,16 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     best = min(rd, key=lambda v: rd[v]["us"])
     R["read"] = dict(rd[best], variant=best, GBps=gbps(rd[best]))
 
-    def ours(kernel, M, variant=None, ks=None, fma=None):
+    def ours(kernel, M, variant=None, ks=None, fma=None, tmb=None):
         launches = []
         for i in range(per_graph):
             w = Ws[i % nbuf]
-            if variant is None:
-                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel, fma=fma))
+            if tmb is not None:
+                launches.append(linear.gemv_tmb_launch(w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
+                                                       shape=tmb, ks=ks))
+            elif variant is None:
+                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel, fma=fma,
+                                                   tiled=Wts[i % nbuf] if kernel == "tmb" else None))
             else:
                 launches.append(linear.gemv_tc_launch(w, x, Y, M, K, K, N, epi, half, variant=variant, ks=ks))
 
@@ -259,7 +269,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
 
     R["times"] = {}
     for M in MS:
-        e = {"fma": ours("fma", M), "tensor": ours("tensor", M)}
+        e = {k: ours(k, M) for k in KERNELS}
         if torch is not None:
             xm = xb[:M].contiguous()
 
@@ -282,7 +292,17 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
                 R["sweep"].append(r)
                 log(f"  sweep RT,U,ST={variant} ks={ks}: M=1 {r['M1_us']:.1f} us, M=8 {r['M8_us']:.1f} us")
         R["fma_sweep"] = fma_sweep(be, cp, linear, Ws[0], x, y0, N, K, epi, half, ours)
-    del Ws, tw, xb
+        R["tmb_sweep"] = []
+        for shape in linear._TMB:
+            for ks in linear.TMB_KSPLITS:
+                if ks > K // 32:
+                    continue
+                r = {"shape": list(shape), "ksplit": ks}
+                for M in (1, 4, 8):
+                    r[f"M{M}_us"] = ours("tmb", M, ks=ks, tmb=shape)["us"]
+                R["tmb_sweep"].append(r)
+                log(f"  tmb NW,KC,ST={shape} ks={ks}: " + " ".join(f"M={M} {r[f'M{M}_us']:.1f} us" for M in (1, 4, 8)))
+    del Ws, Wts, tw, xb
     cp.get_default_memory_pool().free_all_blocks()
     if torch is not None:
         torch.cuda.empty_cache()
@@ -364,10 +384,11 @@ def render_md(R: dict) -> str:
                  f"read bandwidth, {fl['ms_copy']:.2f} ms at the copy bandwidth.")
     L += ["", "Time of one projection (µs, median) and weight bytes ÷ time (GB/s). *read*: the streaming-read kernel "
           "over the same weight buffers (the floor at that size). *fma*: kestrel's CUDA-core GEMV; *tensor*: its "
-          "tensor-core GEMV (both batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 "
-          "activations and output, no epilogue. *tensor ÷ cuBLAS* < 1: kestrel faster.", "",
-          "| shape | M | read | fma | tensor | cuBLAS | engine ÷ cuBLAS | tensor ÷ cuBLAS | tensor ÷ fma | cuBLAS row 0 = M=1 |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "register-staged tensor-core GEMV; *tmb*: its tensor-core GEMV fed by bulk copies from tiled weights (all "
+          "three batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 activations and "
+          "output, no epilogue. A ratio < 1: kestrel faster.", "",
+          "| shape | M | read | fma | tensor | tmb | cuBLAS | engine ÷ cuBLAS | tmb ÷ cuBLAS | tmb ÷ fma | cuBLAS row 0 = M=1 |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in R["shapes"]:
         if "error" in s:
             L.append(f"| {s['shape']} | error: {s['error'][:100]} |" + " |" * 7)
@@ -376,13 +397,12 @@ def render_md(R: dict) -> str:
         for M, e in s["times"].items():
             def c(k):
                 return f"{e[k]['us']:.1f} ({e[k]['GBps']:.0f})" if k in e else "—"
-            tc_cb = f"{e['tensor']['us'] / e['cublas']['us']:.2f}" if "cublas" in e else "—"
-            eng = e[R["engine_bf16_gemv"]]["us"]
-            en_cb = f"{eng / e['cublas']['us']:.2f}" if "cublas" in e else "—"
-            tc_f = f"{e['tensor']['us'] / e['fma']['us']:.2f}"
+            def ratio(a, b):
+                return f"{e[a]['us'] / e[b]['us']:.2f}" if a in e and b in e else "—"
             r0 = "—" if inv is None else ("yes" if inv[int(M) - 1] else "**no**")
             L.append(f"| {s['shape']} | {M} | {s['read']['us']:.1f} ({s['read']['GBps']:.0f}) | {c('fma')} | "
-                     f"{c('tensor')} | {c('cublas')} | {en_cb} | {tc_cb} | {tc_f} | {r0} |")
+                     f"{c('tensor')} | {c('tmb')} | {c('cublas')} | {ratio(R['engine_bf16_gemv'], 'cublas')} | "
+                     f"{ratio('tmb', 'cublas')} | {ratio('tmb', 'fma')} | {r0} |")
     L += ["", "Correctness at each shape (x: 8 random rows; the NumPy twin on the first 1024 output rows; outputs "
           "poisoned with NaN first; invariance: every row of each M = 1..8 launch against that row launched alone, "
           "bit for bit). cuBLAS: is each row of an M-row product bit-identical to that row alone, for M = 1..8?", "",
@@ -408,6 +428,22 @@ def render_md(R: dict) -> str:
                 mark = "**" if (q["variant"] == s["tc_variant"] and q["ksplit"] == s["tc_ksplit"]) else ""
                 cells.append(f"{mark}{q['M1_us']:.1f} / {q['M8_us']:.1f}{mark}")
             L.append(f"| {','.join(map(str, r['variant']))} | {r['ksplit']} | " + " | ".join(cells) + " |")
+    ts = [s for s in R["shapes"] if s.get("tmb_sweep")]
+    if ts:
+        L += ["", "tmb shapes: NW tiles a block, KC k a stage, ST stages; ks blocks sharing a tile's K (KC and ks set "
+              "a row's order, NW and ST do not); µs at M = 1 / 4 / 8; the engine's choice in bold.", "",
+              "| NW,KC,ST | ks | " + " | ".join(s["shape"] for s in ts) + " |", "|---|---|" + "---|" * len(ts)]
+        keys = sorted({(tuple(q["shape"]), q["ksplit"]) for s in ts for q in s["tmb_sweep"]})
+        for shape, ks in keys:
+            cells = []
+            for s in ts:
+                q = next((q for q in s["tmb_sweep"] if tuple(q["shape"]) == shape and q["ksplit"] == ks), None)
+                if q is None:
+                    cells.append("—")
+                    continue
+                mark = "**" if (list(shape) == s["tmb_shape"] and ks == s["tmb_ksplit"]) else ""
+                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M4_us']:.1f} / {q['M8_us']:.1f}{mark}")
+            L.append(f"| {','.join(map(str, shape))} | {ks} | " + " | ".join(cells) + " |")
     fs = [s for s in R["shapes"] if s.get("fma_sweep")]
     if fs:
         L += ["", "CUDA-core shapes: MT activation rows a block, RR weight rows a warp group, PF register stages; "

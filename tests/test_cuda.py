@@ -275,3 +275,35 @@ def test_tiny_six_starts_on_gpu_match_cpu_and_the_record():
             top = np.sort(lg)[-2:]
             pytest.fail(f"start {c['start']!r}: GPU stream leaves the record at byte {i} (CPU top-2 logit gap {top[1] - top[0]:.3g})")
         assert kestrel.generate(cpu, prompt, 64) == g
+
+
+def test_tmb_engine(rng, monkeypatch):
+    """The engine on the bulk-copy tensor-core GEMV (what KESTREL_BF16_GEMV=tmb selects): its plans
+    launch gemv_tmb, the rows of step_m equal single steps bit for bit, and greedy decoding keeps
+    the CPU engine's stream."""
+    from kestrel.ops import linear
+    if linear._device()["cc"] < 90:
+        pytest.skip("gemv_tmb needs bulk copies (sm_90)")
+    monkeypatch.setattr(linear, "BF16_GEMV", "tmb")
+    cpu, gpu = models("test-a", "bf16", seed=4)
+    V = cpu.cfg.vocab_size
+    prompt = rng.integers(0, V, 6).tolist()
+    toks = rng.integers(0, V, 4).tolist()
+    a, b = kestrel.Engine(gpu, max_seq=64, mmax=4), kestrel.Engine(gpu, max_seq=64, mmax=4)
+    a.prefill(prompt)
+    b.prefill(prompt)
+    sa = a.step_m(len(prompt), toks)
+    rows = [b.step(len(prompt) + j, t) for j, t in enumerate(toks)]
+    assert np.array_equal(host(sa.logits), np.stack([host(r.logits) for r in rows]))
+    assert_same(live(a), live(b))
+    names = {getattr(fn, "name", "") for p in gpu.be.plans(gpu).values() for fn, *_ in p.launches}
+    assert any(n.startswith("gemv_tmb") for n in names) and not any(n.startswith("gemv_bf16") for n in names)
+    ec, eg = kestrel.Engine(cpu, max_seq=64, mmax=4), kestrel.Engine(gpu, max_seq=64, mmax=4)
+    sc, sg = ec.prefill(prompt), eg.prefill(prompt)
+    lc, lg = sc.logits[-1], host(sg.logits)[-1]
+    for i in range(16):
+        tc, tg = int(np.argmax(lc)), int(np.argmax(lg))
+        assert tc == tg, i
+        sc, sg = ec.step(ec.cursor, tc), eg.step(eg.cursor, tg)
+        lc, lg = sc.logits, host(sg.logits)
+        assert rel(lg, lc) < MODEL, i

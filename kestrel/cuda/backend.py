@@ -21,6 +21,7 @@ import numpy as np
 
 from ..config import Config
 from ..ops import head as _head
+from ..ops import linear as _linear
 from ..ops import rope as _rope
 from ..program import expected_shapes, stacks
 from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
@@ -68,6 +69,7 @@ class CUDABackend:
         self._rope = {}
         self._plans = weakref.WeakKeyDictionary()     # model -> OrderedDict(key -> Plan)
         self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
+        self._tiled = weakref.WeakKeyDictionary()     # model -> {matrix key: (matrix, tiled copy)}
         self.stats = {"graphs_captured": 0, "pdl_graphs": 0, "graph_replays": 0, "eager_runs": 0, "graph_errors": []}
 
     # ---- memory -------------------------------------------------------------------------
@@ -160,6 +162,18 @@ class CUDABackend:
         model.head = model.w["embed_tokens.weight" if model.cfg.tie_word_embeddings else "lm_head.weight"]
         self._stacks[model] = f
         return f
+
+    def tiled(self, model, W, epilogue: str = "store", half: int = 0):
+        """gemv_tmb's tiled copy of one of `model`'s bf16 matrices (linear.tmb_tiled), made once and
+        kept with the model. The entry holds the matrix too, so its address cannot be reused while
+        the copy is looked up by it."""
+        d = self._tiled.setdefault(model, {})
+        key = (W.data.ptr, W.shape, W.strides, half if epilogue == "swiglu" else -1)
+        e = d.get(key)
+        if e is None:
+            with self.stream:
+                e = d[key] = (W, _linear.tmb_tiled(W, W.shape[1], epilogue, half))
+        return e[1]
 
     def rope_device(self, cfg: Config, n: int):
         key = (cfg.rot_dim, cfg.rope_theta, n)

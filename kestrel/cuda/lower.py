@@ -7,7 +7,8 @@ and the engine's DeviceState:
     embed      embed_launch, tokens read from the plan's ctrl block
     rmsnorm    rmsnorm_launch (into a column range of its output for the MTP's concatenation)
     linear     one gemv_launch over the stacked matrix with the op's epilogue (stacked=True), or
-               one per weight into column ranges of the output (+ swiglu_launch) (stacked=False)
+               one per weight into column ranges of the output (+ swiglu_launch) (stacked=False);
+               with the "tmb" kernel each matrix's tiled copy (CUDABackend.tiled)
     gdn        gdn_conv_launch + gdn_recur_launch on the state ring (in place, per-row slots, or
                read only, the in-projection then writing straight into DeviceState.gdn_in)
     attention  kv_append_launch + attn_decode_launch on the op's KV cache
@@ -58,26 +59,34 @@ def _rmsnorm(c: _Ctx, op):
     c.P.add(_norm.rmsnorm_launch(c.bufs[op.src], c.ld(op.src), w, dst, c.ld(op.dst), c.M, n, c.cfg.rms_norm_eps))
 
 
+def _gemv(c: _Ctx, W, X, Y, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0):
+    """One projection; under the tiled tensor-core kernel its weights' tiled copy comes along."""
+    tiled = None
+    if _linear.BF16_GEMV == "tmb" and _linear.tmb_eligible(W, K, X, ldx):
+        tiled = c.be.tiled(c.model, W, epilogue, half)
+    return _linear.gemv_launch(W, X, Y, c.M, K, ldx, ldy, epilogue, half, tiled=tiled)
+
+
 def _linear_op(c: _Ctx, op, dst: str):
     X, Y, K = c.bufs[op.src], c.bufs[dst], op.weights[0].shape[1]
     ldx, ldy = c.ld(op.src), c.ld(dst)
     if op.stack and op.stack in c.stacked:
         half = op.weights[0].shape[0] if op.epilogue == "swiglu" else 0
-        c.P.add(_linear.gemv_launch(c.stacked[op.stack], X, Y, c.M, K, ldx, ldy, op.epilogue, half))
+        c.P.add(_gemv(c, c.stacked[op.stack], X, Y, K, ldx, ldy, op.epilogue, half))
         return
     if len(op.weights) == 1:
-        c.P.add(_linear.gemv_launch(c.w[op.weights[0].name], X, Y, c.M, K, ldx, ldy, op.epilogue))
+        c.P.add(_gemv(c, c.w[op.weights[0].name], X, Y, K, ldx, ldy, op.epilogue))
         return
     if op.epilogue == "swiglu":      # gate and up into scratch, then the elementwise kernel
         I = op.weights[0].shape[0]
         g, u = c.P.buf(f"{op.dst}.gate", c.M, I), c.P.buf(f"{op.dst}.up", c.M, I)
-        c.P.add(_linear.gemv_launch(c.w[op.weights[0].name], X, g, c.M, K, ldx, I))
-        c.P.add(_linear.gemv_launch(c.w[op.weights[1].name], X, u, c.M, K, ldx, I))
+        c.P.add(_gemv(c, c.w[op.weights[0].name], X, g, K, ldx, I))
+        c.P.add(_gemv(c, c.w[op.weights[1].name], X, u, K, ldx, I))
         c.P.add(_mlp.swiglu_launch(g, u, Y, c.M * I))
         return
     r0 = 0
     for wt in op.weights:            # each weight into its column range of the output
-        c.P.add(_linear.gemv_launch(c.w[wt.name], X, Y[:, r0:], c.M, K, ldx, ldy, op.epilogue))
+        c.P.add(_gemv(c, c.w[wt.name], X, Y[:, r0:], K, ldx, ldy, op.epilogue))
         r0 += wt.shape[0]
 
 

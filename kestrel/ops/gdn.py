@@ -11,6 +11,7 @@ Rows run one after another (the recurrence is sequential). The state after each 
 either back in place, or - for per-row checkpoints - into its own slot (the row reads the
 previous row's slot), leaving the starting state untouched.
 """
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,9 +23,14 @@ L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
 GDN_CONV_THREADS = 128
 GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
 GDN_RECUR_THREADS = 512
+GDN_RECUR_REGS_DK = GDN_RECUR_REGS_DV = 128   # the head dims gdn_recur_regs is compiled for
+GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "regs")   # "regs" where the dims allow, or "smem" (A/B timing)
+if GDN_RECUR not in ("regs", "smem"):
+    raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected 'regs' or 'smem'")
 GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
-                "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_IN_PLACE": GDN_MODES["in_place"],
+                "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_RECUR_REGS_DK": GDN_RECUR_REGS_DK,
+                "GDN_RECUR_REGS_DV": GDN_RECUR_REGS_DV, "GDN_IN_PLACE": GDN_MODES["in_place"],
                 "GDN_CHECKPOINT": GDN_MODES["checkpoint"], "GDN_CACHE": GDN_MODES["cache"]}
 
 
@@ -111,10 +117,16 @@ def gdn_rows(sh: GDNShape, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist
 
 
 # ---- CUDA launchers ------------------------------------------------------------------------
-def gdn_recur_smem(dk: int, dv: int) -> int:
-    """Bytes of shared memory gdn_recur needs: S [dk, dv], q, k [dk], v/delta [dv], one partial
-    sum per thread, a block reduction's scratch (kernels/gdn.cu)."""
-    return (dk * dv + 2 * dk + dv + GDN_RECUR_THREADS + L.RED_FLOATS) * 4
+def gdn_recur_in_registers(dk: int, dv: int) -> bool:
+    """Whether the head dims are the ones gdn_recur_regs (S in registers) is compiled for."""
+    return (dk, dv) == (GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
+
+
+def gdn_recur_smem(dk: int, dv: int, regs: bool = False) -> int:
+    """Bytes of shared memory gdn_recur needs: S [dk, dv] (not in gdn_recur_regs), q, k [dk],
+    v/delta [dv], one partial sum per thread, a block reduction's scratch (kernels/gdn.cu)."""
+    state = 0 if regs else dk * dv
+    return (state + 2 * dk + dv + GDN_RECUR_THREADS + L.RED_FLOATS) * 4
 
 
 def check_cuda_shape(sh: GDNShape):
@@ -134,12 +146,19 @@ def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, m
 
 
 def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
-                     mode: str, ctrl, M, sh: GDNShape):
+                     mode: str, ctrl, M, sh: GDNShape, regs: bool | None = None):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
-    (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read)."""
+    (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read).
+    regs: S in registers (gdn_recur_regs); default wherever the head dims allow it unless
+    GDN_RECUR is "smem" (tests force either: the two must agree bit for bit)."""
     check_cuda_shape(sh)
-    fn = L.kernel("gdn", "gdn_recur")
-    sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
+    can = gdn_recur_in_registers(sh.dk, sh.dv)
+    regs = (can and GDN_RECUR == "regs") if regs is None else regs
+    if regs and not can:
+        raise ValueError(f"gdn_recur_regs is compiled for dk, dv = {GDN_RECUR_REGS_DK}, {GDN_RECUR_REGS_DV}, "
+                         f"not {sh.dk}, {sh.dv}")
+    fn = L.kernel("gdn", "gdn_recur_regs" if regs else "gdn_recur")
+    sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv, regs), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
     args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
             L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
             L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),

@@ -7,16 +7,18 @@ exactly ROWS rows (zero padded): one GEMM shape for every call, so a row's resul
 depends on how many rows came with it. On the GPU, kernels/linear.cu sums each row in an
 order fixed by K alone (its header says how).
 
-Two GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
-and, for bf16 weights, the tensor-core GEMV ("tensor": mma.sync with activation rows padded to
+Three GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
+and, for bf16 weights, two tensor-core GEMVs: "tensor" (mma.sync with activation rows padded to
 8 columns, x split exactly into three bf16 terms, so its cost and its arithmetic do not depend
-on M). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
+on M) and "tmb" (the same arithmetic fed by bulk copies from weights stored tiled in fragment
+order, tmb_tiled; the engine keeps one tiled copy per matrix, CUDABackend.tiled). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
 matrices whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take
 the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
 elements / 16 bytes). Both are batch-invariant; they differ from each other in the last bits.
 The default stays "fma": on the H200 the tensor-core kernel is flat in M but slower than it at
 M <= 4 on every 27B shape (results/bench_projections.md, kernels/linear.cu's header says why).
 """
+import importlib
 import os
 
 import numpy as np
@@ -37,18 +39,29 @@ GEMV_FMA = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 
 GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
                               | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
 
+# gemv_tmb: (NW tiles a block, KC k a stage, ST stages). KC and the K split (tmb_ksplit) fix a row's
+# order; NW and ST only its speed, so the engine picks NW by the work (tmb_shape) among TMB_SHAPES,
+# widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
+TMB_SHAPES = ((4, 256, 2), (1, 256, 3))
+TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2))
+TMB_KSPLITS = (1, 2, 3, 4)
+TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
+TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
+
 
 def _instantiations(kind: str, shapes) -> str:
     return " ".join(f"{kind}({mt},{rr},{pf},{up})" for mt, rr, pf, up in sorted(set(shapes)))
 
 
 _SWEEP = GEMV_FMA_SWEEP if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else ()
+_TMB = sorted({*TMB_SHAPES, *(TMB_SWEEP if _SWEEP else ())})
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS,
                 "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
-                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values())}
+                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
+                "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB)}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
-BF16_GEMVS = ("fma", "tensor")
+BF16_GEMVS = ("fma", "tensor", "tmb")
 BF16_GEMV = os.environ.get("KESTREL_BF16_GEMV", "fma")
 if BF16_GEMV not in BF16_GEMVS:
     raise ValueError(f"KESTREL_BF16_GEMV={BF16_GEMV!r}: expected one of {BF16_GEMVS}")
@@ -56,6 +69,7 @@ TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))   # tensor-core (RT t
 TC_VARIANT = (1, 4, 2)         # U k-blocks of 32 a super-chunk, ST register stages); the one gemv_launch uses
 TC_KSPLITS = (2, 4, 8)
 TC_KSPLIT_BY_K: dict = {}      # benchmarks only: override the tensor-core K-split for a given K
+
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -116,25 +130,143 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
     return fn, grid, (32 * ks * tpb,), args, 0
 
 
+def tmb_ksplit(K: int) -> int:
+    """Blocks that share one tile's K range in gemv_tmb: from K alone, like tc_ksplit. More parts
+    for long rows, whose matrices (the MLP down and attention/GDN out projections) are short."""
+    return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 3)
+
+
+_DEVICE: dict = {}
+
+
+def _device() -> dict:
+    """The current GPU's compute capability and multiprocessor count (read once)."""
+    if not _DEVICE:
+        import cupy as cp
+        dev = cp.cuda.Device()
+        _DEVICE["cc"] = int(dev.compute_capability)
+        _DEVICE["sms"] = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
+    return _DEVICE
+
+
+def tmb_eligible(W, K: int, X, ldx: int) -> bool:
+    """bf16 weights, K in 32-k blocks, activations the bulk copies can read (16-byte aligned rows),
+    a GPU with bulk copies (sm_90 and later)."""
+    return (W.dtype == np.uint16 and K % 32 == 0 and tmb_ksplit(K) <= K // 32 and ldx % 4 == 0
+            and X.data.ptr % 16 == 0 and _device()["cc"] >= 90)
+
+
+def tmb_tiles(rows: int, epilogue: str = "store", half: int = 0) -> int:
+    return -(-half // 8) if epilogue == "swiglu" else -(-rows // 16)
+
+
+def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
+    """W [rows, K] bf16 bits (NumPy or CuPy) -> the same array module's [tiles·16, K] uint16 array
+    whose bytes are gemv_tmb's layout: tile T (rows 16T.. of W, or for swiglu the gate rows 8T..
+    then the up rows half + 8T..; zero rows past the end), 32-k block kb, h, g, t -> the 8 values
+    W[row g + 8h of the tile, 32kb + 8t .. +7]."""
+    xp = np if isinstance(W, np.ndarray) else importlib.import_module("cupy")
+    if K % 32 or W.shape[1] != K:
+        raise ValueError(f"tmb_tiled: K {K} must be the row length ({W.shape[1]}) and a multiple of 32")
+    T = tmb_tiles(W.shape[0], epilogue, half)
+    if epilogue == "swiglu":
+        rows = xp.zeros((T, 16, K), xp.uint16)
+        for j, r0 in ((0, 0), (8, half)):   # gate rows, then up rows, 8 a tile
+            part = xp.zeros((T * 8, K), xp.uint16)
+            part[:half] = W[r0:r0 + half]
+            rows[:, j:j + 8] = part.reshape(T, 8, K)
+    else:
+        rows = xp.zeros((T * 16, K), xp.uint16)
+        rows[:W.shape[0]] = W
+    t = rows.reshape(T, 2, 8, K // 32, 4, 8).transpose(0, 3, 1, 2, 4, 5)
+    return xp.ascontiguousarray(t).reshape(T * 16, K)
+
+
+def tmb_smem(nw: int, kc: int, st: int) -> int:
+    return st * (nw * 32 * kc + 8 * (4 * kc + 16))
+
+
+def tmb_shape(tiles: int, ks: int) -> tuple:
+    """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
+    shared by more tiles) whose blocks fill at least 80% of the GPU's block slots at once (fewer
+    leave copy bandwidth unused); else the narrowest. Bits do not depend on it."""
+    for shape in TMB_SHAPES:
+        per_sm = max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))   # 1 KB reserved a block
+        if L.cdiv(tiles, shape[0]) * ks >= 0.8 * _device()["sms"] * per_sm:
+            return shape
+    return TMB_SHAPES[-1]
+
+
+_TMB_SCRATCH: list = []     # (slots, part, count), each larger than the one before; none is freed
+
+
+def tmb_scratch(slots: int = 0):
+    """The K-split scratch that gemv_tmb launches share: partial D fragments (a float4 per lane) of
+    `slots` (part, row group, tile) slots at least, and one arrival count per slot, zero between
+    launches (the last block of a tile resets it). Launches in one stream never overlap their use
+    of it: a kernel touches it only after griddep_wait(), when the kernel before it has finished.
+    A launch that needs more (a long prefill) gets a new, larger scratch; the old ones stay
+    allocated, since launches already built (cached plans) point into them."""
+    if not _TMB_SCRATCH or _TMB_SCRATCH[-1][0] < slots:
+        import cupy as cp
+        n = max(slots, TMB_SCRATCH_SLOTS, 2 * _TMB_SCRATCH[-1][0] if _TMB_SCRATCH else 0)
+        _TMB_SCRATCH.append((n, cp.empty((n * 32, 4), cp.float32), cp.zeros(n, cp.int32)))
+    return _TMB_SCRATCH[-1][1], _TMB_SCRATCH[-1][2]
+
+
+def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
+                    shape: tuple | None = None, ks: int | None = None):
+    """(fn, grid, block, args, smem) of gemv_tmb: W [rows, K] bf16 (for its shape), tiled =
+    tmb_tiled(W, K, epilogue, half), which the caller keeps alive as long as the launch.
+    shape (NW, KC, ST) and ks: benchmarks only (the defaults are the engine's: tmb_shape, tmb_ksplit)."""
+    if not tmb_eligible(W, K, X, ldx):
+        raise ValueError(f"gemv_tmb needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
+                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
+    ks = ks or tmb_ksplit(K)
+    if ks not in TMB_KSPLITS or ks > K // 32:
+        raise ValueError(f"gemv_tmb K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
+    epi = EPI[epilogue]
+    T = tmb_tiles(W.shape[0], epilogue, half)
+    nw, kc, st = shape or tmb_shape(T, ks)
+    if (nw, kc, st) not in _TMB:
+        raise ValueError(f"gemv_tmb shape {(nw, kc, st)} not compiled (one of {_TMB})")
+    if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
+        raise ValueError(f"gemv_tmb: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
+                         f"matrix ({T * 16}, {K})")
+    nout = half if epi == 2 else W.shape[0]
+    gy = L.cdiv(M, 8)
+    part, count = tmb_scratch(ks * gy * T if ks > 1 else 0)
+    fn = L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
+    sm = L.smem(fn, tmb_smem(nw, kc, st), "gemv_tmb")
+    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
+            L.i32(ks), L.ptr(part), L.ptr(count))
+    return fn, (L.cdiv(T, nw), gy, ks), (32 * nw,), args, sm
+
+
 def fma_shape(M: int) -> tuple:
     """(MT, RR, PF, UP) of the CUDA-core GEMV for an M-row launch (wider M: MT rows per grid.y)."""
     return next((v for m, v in sorted(GEMV_FMA.items()) if M <= m), GEMV_FMA[max(GEMV_FMA)])
 
 
 def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                bf16_gemv: str | None = None, fma: tuple | None = None):
+                bf16_gemv: str | None = None, fma: tuple | None = None, tiled=None):
     """(fn, grid, block, args, smem) for Y (op)= X · Wᵀ over M rows.
 
     W [N, K] (uint16 bf16 bits or float32, C-contiguous rows), X [M, ldx], Y [M, ldy].
     epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows).
-    bf16_gemv: "fma" or "tensor" for bf16 weights (default BF16_GEMV).
-    fma: (MT, RR, PF, UP) of the CUDA-core kernel, benchmarks only (default fma_shape)."""
+    bf16_gemv: "fma", "tensor" or "tmb" for bf16 weights (default BF16_GEMV).
+    fma: (MT, RR, PF, UP) of the CUDA-core kernel, benchmarks only (default fma_shape).
+    tiled: tmb_tiled(W, K, epilogue, half), which "tmb" needs (the caller keeps it alive)."""
     bf16 = W.dtype == np.uint16
     which = bf16_gemv or BF16_GEMV
     if which not in BF16_GEMVS:
         raise ValueError(f"bf16_gemv={which!r}: expected one of {BF16_GEMVS}")
     if bf16 and which == "tensor" and tc_eligible(W, K, X, ldx):
         return gemv_tc_launch(W, X, Y, M, K, ldx, ldy, epilogue, half)
+    if bf16 and which == "tmb" and tmb_eligible(W, K, X, ldx):
+        if tiled is None:
+            raise ValueError("bf16_gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
+        return gemv_tmb_launch(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half)
     N, ldw = W.shape[0], W.strides[0] // W.itemsize
     v = 8 if bf16 else 4
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0

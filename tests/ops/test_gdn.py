@@ -69,7 +69,7 @@ def test_gdn_slots_equal_in_place(rng):
         assert np.array_equal(S, S_slots[j]) and np.array_equal(h, h_slots[j])
 
 
-def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None)):
+def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None), regs=None):
     """gdn_conv + gdn_recur exactly as the lowered plan launches them: one stacked input row
     [qkv | z | b | a], the state in a ring of slots, the live slot from the ctrl block."""
     gin = np.concatenate([d["qkv"][rows], d["z"][rows], d["b"][rows], d["a"][rows]], axis=1)
@@ -81,7 +81,7 @@ def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None)):
     go(be, gdn.gdn_conv_launch(G, width, dev(d["cw"]), xc, C, h_ring, h_ring[0].size, n, mode, c, m, C, K))
     go(be, gdn.gdn_recur_launch(xc, C, G[:, C:], width, G[:, C + nvdv:], width, G[:, C + nvdv + nv:], width,
                                 dev(d["A_log"]), dev(d["dt"]), dev(d["nw"]), y, nvdv, S_ring, S_ring[0].size, n,
-                                mode, c, m, sh))
+                                mode, c, m, sh, regs=regs))
     return host(y)
 
 
@@ -133,3 +133,31 @@ def test_gdn_kernel(be, rng, shape, m, mode):
         assert rel(Sg[slot], S_c) < F32 and rel(hg[slot], h_c) < F32
         others = [s for s in range(n) if s != slot]
         assert np.all(np.isnan(Sg[others])) and np.all(np.isnan(hg[others]))            # no other slot written
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("mode", ["in_place", "checkpoint", "cache"])
+@pytest.mark.usefixtures("poison")
+@needs_gpu
+def test_gdn_recur_state_in_registers_is_bit_identical(be, rng, m, mode):
+    """gdn_recur_regs (S in registers, the Qwen3.5 head dims) and gdn_recur (S in shared memory):
+    the same outputs and the same state in every slot, bit for bit."""
+    sh, d = _case(rng, (2, 4, 128, 128, 4), m)
+    assert gdn.gdn_recur_in_registers(sh.dk, sh.dv)
+    n = m + 1
+    slot = int(rng.integers(0, n))
+    out = []
+    for regs in (False, True):
+        S_ring = cp.full((n,) + d["S0"].shape, np.nan, np.float32)
+        h_ring = cp.full((n,) + d["h0"].shape, np.nan, np.float32)
+        S_ring[slot], h_ring[slot] = dev(d["S0"]), dev(d["h0"])
+        y = _kernel(be, sh, d, S_ring, h_ring, slot, mode, regs=regs)
+        out.append((y, host(S_ring), host(h_ring)))
+    (y0, S0, h0), (y1, S1, h1) = out
+    assert finite(y0) and np.array_equal(y0, y1)
+    assert np.array_equal(S0, S1, equal_nan=True) and np.array_equal(h0, h1, equal_nan=True)
+
+
+def test_gdn_recur_regs_only_for_its_head_dims():
+    assert gdn.gdn_recur_in_registers(128, 128) and not gdn.gdn_recur_in_registers(64, 32)
+    assert gdn.gdn_recur_smem(128, 128, regs=True) < gdn.gdn_recur_smem(128, 128)

@@ -1,6 +1,6 @@
 """Projections: the batch-invariant NumPy twin vs float64, and kernels/linear.cu vs its twin:
 every row of an M-row launch is bit-identical to that row launched alone, for every epilogue,
-for both bf16 kernels (CUDA-core "fma" and tensor-core "tensor") and the fp32 one."""
+for the three bf16 kernels (CUDA-core "fma", tensor-core "tensor" and "tmb") and the fp32 one."""
 import numpy as np
 import pytest
 
@@ -50,13 +50,14 @@ def _gemv(be, w, x, N, epilogue="store", half=0, y0=None, kernel="fma", launcher
     m, K = x.shape
     y = dev(y0) if y0 is not None else be.empty((m, N))
     if launcher is None:
-        go(be, linear.gemv_launch(w, dev(x), y, m, K, K, N, epilogue, half, bf16_gemv=kernel))
+        tiled = linear.tmb_tiled(w, K, epilogue, half) if kernel == "tmb" and K % 32 == 0 else None
+        go(be, linear.gemv_launch(w, dev(x), y, m, K, K, N, epilogue, half, bf16_gemv=kernel, tiled=tiled))
     else:
         go(be, launcher(w, dev(x), y, m, K, K, N, epilogue, half))
     return host(y)
 
 
-KERNELS = [("fp32", "fma"), ("bf16", "fma"), ("bf16", "tensor")]
+KERNELS = [("fp32", "fma"), ("bf16", "fma"), ("bf16", "tensor"), ("bf16", "tmb")]
 MS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)
 
 
@@ -67,6 +68,13 @@ MS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)
 def test_gemv_kernel(be, rng, wdtype, kernel, N, K):
     """y = x·Wᵀ: vs float64 and the NumPy twin; every row of an M-row call == that row alone."""
     w, w_host = _weight(be, rng, N, K, wdtype)
+    if kernel == "tmb":        # gemv_tmb runs wherever K is in 32-k blocks (on sm_90), else the CUDA-core one
+        x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
+        tmb = linear.tmb_eligible(w, K, x0, K)
+        assert tmb == (K % 32 == 0 and linear._device()["cc"] >= 90)
+        fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, bf16_gemv="tmb",
+                                tiled=linear.tmb_tiled(w, K) if tmb else None)[0]
+        assert fn.name.startswith("gemv_tmb" if tmb else "gemv_bf16")
     if kernel == "tensor":     # the tensor-core kernel runs wherever its loads are legal, else the CUDA-core one
         x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
         tc = linear.tc_eligible(w, K, x0, K)
@@ -91,7 +99,7 @@ def test_gemv_kernel(be, rng, wdtype, kernel, N, K):
 @needs_gpu
 def test_gemv_epilogues(be, rng, wdtype, kernel):
     """y += x·Wᵀ (the residual) and SwiGLU over a stacked [gate; up]: M = 1..8, rows independent of M."""
-    I, K = 72, 200
+    I, K = 72, 224
     w, w_host = _weight(be, rng, 2 * I, K, wdtype)
     x = rng.standard_normal((8, K)).astype(np.float32)
     y0 = rng.standard_normal((8, 2 * I)).astype(np.float32)
@@ -151,30 +159,31 @@ def test_gemv_tensor_unaligned_activations_take_the_cuda_core_kernel(be, rng):
     assert rel(host(y), xs[:, :K].astype(np.float64) @ w_host.T.astype(np.float64)) < F32
 
 
+@pytest.mark.parametrize("kernel", ["tensor", "tmb"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
-def test_gemv_tensor_stacked_rows_equal_their_parts(be, rng):
+def test_gemv_tensor_stacked_rows_equal_their_parts(be, rng, kernel):
     """A row of a stacked matrix sits at another place in its mma tile than in its own matrix:
     the bits must not change (the stacked projections rely on it), nor for SwiGLU's [gate; up]."""
     K, parts = 320, (37, 50, 8, 19)
     ws = [_weight(be, rng, n, K, "bf16")[0] for n in parts]
     stacked = cp_concat(ws)
     x = rng.standard_normal((5, K)).astype(np.float32)
-    ys = _gemv(be, stacked, x, sum(parts), kernel="tensor")
+    ys = _gemv(be, stacked, x, sum(parts), kernel=kernel)
     r0 = 0
     for w, n in zip(ws, parts):
-        assert np.array_equal(ys[:, r0:r0 + n], _gemv(be, w, x, n, kernel="tensor"))
+        assert np.array_equal(ys[:, r0:r0 + n], _gemv(be, w, x, n, kernel=kernel))
         r0 += n
     I = 27
     gate, up = _weight(be, rng, I, K, "bf16")[0], _weight(be, rng, I, K, "bf16")[0]
-    act = _gemv(be, cp_concat([gate, up]), x, I, "swiglu", half=I, kernel="tensor")
-    g, u = dev(_gemv(be, gate, x, I, kernel="tensor")), dev(_gemv(be, up, x, I, kernel="tensor"))
+    act = _gemv(be, cp_concat([gate, up]), x, I, "swiglu", half=I, kernel=kernel)
+    g, u = dev(_gemv(be, gate, x, I, kernel=kernel)), dev(_gemv(be, up, x, I, kernel=kernel))
     out = be.empty((5, I))
     go(be, mlp.swiglu_launch(g, u, out, 5 * I))
     assert np.array_equal(act, host(out))
 
 
-@pytest.mark.parametrize("kernel", ["fma", "tensor"])
+@pytest.mark.parametrize("kernel", ["fma", "tensor", "tmb"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
 def test_gemv_bf16_wide_range_activations(be, rng, kernel):
@@ -193,3 +202,158 @@ def test_gemv_bf16_wide_range_activations(be, rng, kernel):
 def cp_concat(ws):
     import cupy as cp
     return cp.ascontiguousarray(cp.concatenate(ws, axis=0))
+
+
+# ---- gemv_tmb: the tiled layout and the kernel's addressing, on the CPU ----------------------------
+def test_tmb_ksplit_depends_on_k_alone():
+    for K in (32, 1024, 4096, 5120, 6144, 8192, 12288, 17408):
+        assert linear.tmb_ksplit(K) in linear.TMB_KSPLITS
+    assert [linear.tmb_ksplit(K) for K in (5120, 6144, 17408)] == [1, 3, 3]   # the 27B rows
+
+
+@pytest.mark.parametrize("rows,K,epilogue,half", [(37, 64, "store", 0), (42, 96, "swiglu", 21), (16, 32, "add", 0)])
+def test_tmb_tiled_layout(rng, rows, K, epilogue, half):
+    """Element (tile T, 32-k block kb, h, lane 4g + t, e) of the tiled bytes is row g + 8h of tile T
+    (swiglu: gate rows 8T.., then up rows half + 8T..) at k = 32kb + 8t + e; zero past the matrix."""
+    W = rng.integers(0, 1 << 16, (rows, K)).astype(np.uint16)
+    t = linear.tmb_tiled(W, K, epilogue, half)
+    T = linear.tmb_tiles(rows, epilogue, half)
+    assert t.shape == (T * 16, K) and t.dtype == np.uint16
+    e = t.reshape(T, K // 32, 2, 8, 4, 8)                        # [T][kb][h][g][t][e]
+    for T_ in range(T):
+        for r in range(16):
+            h, g = divmod(r, 8)
+            if epilogue == "swiglu":
+                n = T_ * 8 + g
+                src = (half + n if h else n) if n < half else None
+            else:
+                n = T_ * 16 + r
+                src = n if n < rows else None
+            got = e[T_, :, h, g].reshape(K)                   # k = 32kb + 8t + e in order
+            assert np.array_equal(got, W[src] if src is not None else np.zeros(K, np.uint16)), (T_, r)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        linear.tmb_tiled(W[:, :K - 8], K - 8)
+
+
+def _split3(x):
+    u = np.asarray(x, np.float32)
+    out, r = [], u
+    for _ in range(3):
+        hi = (r.view(np.uint32) & 0xFFFF0000).view(np.float32)
+        out.append(hi.astype(np.float64))
+        r = (r - hi).astype(np.float32)
+    return out
+
+
+def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
+    """gemv_tmb's addressing traced in Python, each mma exact (float64): the tiled bytes read as
+    kernels/linear.cu reads them (stage base 32(TK + k0), lane offsets 1024kb + 512h + 16·lane),
+    the A and B fragments filled slot by slot, the parts of the K split, the D-fragment stores."""
+    epi = linear.EPI[epilogue]
+    flat = linear.tmb_tiled(W, K, epilogue, half).reshape(-1)
+    T = linear.tmb_tiles(W.shape[0], epilogue, half)
+    M, nkb = x.shape[0], K // 32
+    N = half if epi == 2 else W.shape[0]
+    Y = y0.astype(np.float64).copy() if epi == 1 else np.full((M, N), np.nan)
+    wide = lambda u: (u.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    for m0 in range(0, M, 8):
+        mc = min(8, M - m0)
+        for tile in range(T):
+            acc = np.zeros((16, 8))
+            for z in range(ks):
+                klo, khi = 32 * (z * nkb // ks), 32 * ((z + 1) * nkb // ks)
+                for k0 in range(klo, khi, kc):
+                    base = (tile * K + k0) * 32 // 2            # uint16 elements
+                    for kb in range(min(kc, khi - k0) // 32):
+                        for h in range(2):
+                            A, B = np.zeros((16, 16)), [np.zeros((16, 8)) for _ in range(3)]
+                            for lane in range(32):
+                                g, t = lane >> 2, lane & 3
+                                oa = base + (1024 * kb + 16 * lane) // 2
+                                a = wide(flat[oa:oa + 8])
+                                b = wide(flat[oa + 256:oa + 264])
+                                A[g, 2 * t:2 * t + 2], A[g, 2 * t + 8:2 * t + 10] = a[4 * h:4 * h + 2], a[4 * h + 2:4 * h + 4]
+                                A[g + 8, 2 * t:2 * t + 2], A[g + 8, 2 * t + 8:2 * t + 10] = b[4 * h:4 * h + 2], b[4 * h + 2:4 * h + 4]
+                                if g < mc:
+                                    k = k0 + 32 * kb + 8 * t + 4 * h
+                                    for B_, part in zip(B, _split3(x[m0 + g, k:k + 4])):
+                                        B_[2 * t:2 * t + 2, g], B_[2 * t + 8:2 * t + 10, g] = part[:2], part[2:]
+                            for B_ in B:
+                                acc += A @ B_
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for c in (2 * t, 2 * t + 1):
+                    if c >= mc:
+                        continue
+                    if epi == 2:
+                        if tile * 8 + g < N:
+                            s = acc[g, c]
+                            Y[m0 + c, tile * 8 + g] = s / (1 + np.exp(-s)) * acc[g + 8, c]
+                        continue
+                    for n, r in ((tile * 16 + g, g), (tile * 16 + g + 8, g + 8)):
+                        if n < N:
+                            Y[m0 + c, n] = Y[m0 + c, n] + acc[r, c] if epi == 1 else acc[r, c]
+    return Y
+
+
+@pytest.mark.parametrize("rows,K,epilogue,half", [(40, 352, "store", 0), (37, 320, "add", 0), (42, 384, "swiglu", 21)])
+def test_tmb_addressing_traced_on_the_cpu(rng, rows, K, epilogue, half):
+    """The tiled layout and the kernel's addressing (stages, K split, fragments, stores) together
+    compute x·Wᵀ: traced with exact mma, the product equals float64's for partial tiles, a last
+    stage shorter than KC, 9 rows (two row groups) and K splits of 1 to 3 parts."""
+    W = (rng.standard_normal((rows, K)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    x = rng.standard_normal((9, K)).astype(np.float32)
+    N = half if epilogue == "swiglu" else rows
+    y0 = rng.standard_normal((9, N)).astype(np.float32)
+    s = x.astype(np.float64) @ bf16_to_f32(W).astype(np.float64).T
+    if epilogue == "swiglu":
+        want = mlp.swiglu(s[:, :half], s[:, half:2 * half])
+    else:
+        want = y0 + s if epilogue == "add" else s
+    for kc, ks in ((128, 1), (64, 2), (256, 3)):
+        got = _tmb_trace(W, x, y0, K, epilogue, half, kc, ks)
+        assert np.all(np.isfinite(got)) and rel(got, want) < 1e-12, (kc, ks)
+
+
+@pytest.mark.usefixtures("poison")
+@needs_gpu
+def test_gemv_tmb_needs_its_tiled_weights(be, rng):
+    w, _ = _weight(be, rng, 40, 64, "bf16")
+    X, y = dev(rng.standard_normal((2, 64))), be.empty((2, 40))
+    with pytest.raises(ValueError, match="tiled"):
+        linear.gemv_launch(w, X, y, 2, 64, 64, 40, bf16_gemv="tmb")
+    with pytest.raises(ValueError, match="tiled weights"):
+        linear.gemv_tmb_launch(w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
+
+
+@pytest.mark.parametrize("ks", linear.TMB_KSPLITS)
+@pytest.mark.usefixtures("poison")
+@needs_gpu
+def test_gemv_tmb_shapes(be, rng, ks):
+    """Every compiled gemv_tmb shape, every epilogue, N not a multiple of a tile, K not of a stage,
+    11 rows: vs float64, rows independent of M, the same bits for every shape (NW and ST do not
+    enter a row's order), and the K-split counts back at zero after each launch."""
+    import cupy as cp
+    I, K = 45, 1056
+    w, w_host = _weight(be, rng, 2 * I, K, "bf16")
+    x = rng.standard_normal((11, K)).astype(np.float32)
+    y0 = rng.standard_normal((11, 2 * I)).astype(np.float32)
+    ref = x.astype(np.float64) @ w_host.T.astype(np.float64)
+    for epi, n, half, y_init, want in (("store", 2 * I, 0, None, ref), ("add", 2 * I, 0, y0, y0 + ref),
+                                       ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
+        tiled = linear.tmb_tiled(w, K, epi, half)
+        first = None
+        for shape in linear._TMB:
+            def launcher(*a):
+                return linear.gemv_tmb_launch(a[0], tiled, *a[1:], shape=shape, ks=ks)
+            alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
+                           launcher=launcher)[0] for j in range(11)]
+            for m in (1, 2, 3, 4, 5, 8, 11):
+                y = _gemv(be, w, x[:m], n, epi, half, None if y_init is None else y_init[:m], launcher=launcher)
+                assert finite(y) and rel(y, want[:m]) < F32, (epi, shape, m)
+                for j in range(m):
+                    assert np.array_equal(y[j], alone[j]), (epi, shape, m, j)
+            assert int(cp.count_nonzero(linear.tmb_scratch()[1])) == 0
+            if first is None:
+                first = y
+            assert np.array_equal(y, first), (epi, shape)
