@@ -238,7 +238,7 @@ def sweep_markdown(w) -> list:
     L = [f"## (d) every size: {w['policy']}, {w['pairing']} pairing, replay of the profile "
          f"{', '.join(f'{a:.3f}' for a in w['profile'])} ({w['device']})", "",
          f"T={w['T']}, P={w['P']}, {w['repeats']} repeat(s) per run; bandwidth "
-         f"{w['bandwidth_Bps'] / 1e9:.0f} GB/s ({w.get('bandwidth_kind', 'a copy, read + write')}); launch cost per kernel {w['launch_ms_per_kernel'] * 1e3:.1f} us "
+         f"{w['bandwidth_Bps'] / 1e9:.0f} GB/s ({w['bandwidth_kind']}); launch cost per kernel {w['launch_ms_per_kernel'] * 1e3:.1f} us "
          "(the smallest step-minus-floor per kernel of these sizes).", "",
          "| size | weights | k | ms/token | greedy ms/token | speedup | predicted speedup | advance/round | bit-exact |",
          "|---|---|---|---|---|---|---|---|---|"]
