@@ -11,12 +11,16 @@ Three GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, ever
 and, for bf16 weights, two tensor-core GEMVs: "tensor" (mma.sync with activation rows padded to
 8 columns, x split exactly into three bf16 terms, so its cost and its arithmetic do not depend
 on M) and "tmb" (the same arithmetic fed by bulk copies from weights stored tiled in fragment
-order, tmb_tiled; the engine keeps one tiled copy per matrix, CUDABackend.tiled). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
+order, tmb_tiled, a block's tiles sharing one copy of the activations; the engine keeps one tiled
+copy per matrix beside the original, CUDABackend.tiled, about the weights' size again; sm_90 and
+later). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
 matrices whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take
 the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
-elements / 16 bytes). Both are batch-invariant; they differ from each other in the last bits.
-The default stays "fma": on the H200 the tensor-core kernel is flat in M but slower than it at
-M <= 4 on every 27B shape (results/bench_projections.md, kernels/linear.cu's header says why).
+elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; they differ
+from each other in the last bits, so one engine uses one of them throughout.
+The default stays "fma": on the H200 both tensor-core kernels are flat in M, and "tmb" is ahead
+of "fma" from M = 3 or 4, but at M = 1, the decode step, "fma" is 4-34% faster per 27B shape
+(results/bench_projections.md; results/cuda_notes.md says what was tried).
 """
 import importlib
 import os
