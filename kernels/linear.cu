@@ -544,6 +544,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     constexpr int TB = 32 * KC;        // one tile's stage
     constexpr int WB = NW * TB, SB = WB + 8 * XP;
     extern __shared__ __align__(128) unsigned char ring[];
+    unsigned char* const xsplit = ring + ST * SB;   // KC/32 · 1536 bytes after the ring
     __shared__ unsigned long long wfull[ST], xfull[ST];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -587,32 +588,58 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, false, true);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const bool xok = g < mc;
     for (int s = 0; s < nst; ++s) {
         if (warp == 0 && s + ST - 1 < nst) issue(s + ST - 1, true, true);   // the slot read last round
         const unsigned par = (unsigned)((s / ST) & 1);
         mbar_wait(&wfull[s % ST], par);
         mbar_wait(&xfull[s % ST], par);
         const unsigned char* ws = ring + (s % ST) * SB + warp * TB;
-        const unsigned char* xs = ring + (s % ST) * SB + WB + g * XP + 32 * t;
         const int nkbs = min(KC, khi - klo - s * KC) / 32;
-        float dh[1][4] = {}, dm[1][4] = {}, dl[1][4] = {};
+        // The stage's activations split once for the block (not once a warp): lane l's B fragments
+        // of 32-k block kb, [kb][j][l] uint4 for j = 0, 1, 2 = words (h, term, r) in that order.
+        for (int p = threadIdx.x; p < nkbs * 32; p += NW * 32) {
+            const int kb = p >> 5, l = p & 31, gg = l >> 2, tt = l & 3;
+            float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v = u;
+            if (gg < mc) {
+                const unsigned char* xr = ring + (s % ST) * SB + WB + gg * XP + 32 * tt + 128 * kb;
+                u = *(const float4*)xr;
+                v = *(const float4*)(xr + 16);
+            }
+            unsigned w[12];
+            split3(u.x, u.y, w[0], w[2], w[4]);    // h 0: slots 2t, 2t+1 (hi, mid, lo)
+            split3(u.z, u.w, w[1], w[3], w[5]);    //      slots 2t+8, 2t+9
+            split3(v.x, v.y, w[6], w[8], w[10]);   // h 1
+            split3(v.z, v.w, w[7], w[9], w[11]);
+            uint4* dst = (uint4*)(xsplit + 1536 * kb) + l;
+            dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+            dst[32] = make_uint4(w[4], w[5], w[6], w[7]);
+            dst[64] = make_uint4(w[8], w[9], w[10], w[11]);
+        }
+        __syncthreads();
+        float dh[4] = {}, dm[4] = {}, dl[4] = {};
+        auto kblock = [&](int kb) {   // the chains of tc_kblock, h = 0 then 1, fed from xsplit
+            const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
+            const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
+            const uint4* bs = (const uint4*)(xsplit + 1536 * kb) + lane;
+            const uint4 x0 = bs[0], x1 = bs[32], x2 = bs[64];
+            mma_bf16_16816(dh, a.x, b.x, a.y, b.y, x0.x, x0.y);
+            mma_bf16_16816(dm, a.x, b.x, a.y, b.y, x0.z, x0.w);
+            mma_bf16_16816(dl, a.x, b.x, a.y, b.y, x1.x, x1.y);
+            mma_bf16_16816(dh, a.z, b.z, a.w, b.w, x1.z, x1.w);
+            mma_bf16_16816(dm, a.z, b.z, a.w, b.w, x2.x, x2.y);
+            mma_bf16_16816(dl, a.z, b.z, a.w, b.w, x2.z, x2.w);
+        };
         if (warp < nt) {
-            for (int kb = 0; kb < nkbs; ++kb) {
-                const uint4 a[1] = {*(const uint4*)(ws + 1024 * kb + 16 * lane)};         // tile row g
-                const uint4 b[1] = {*(const uint4*)(ws + 1024 * kb + 512 + 16 * lane)};   // tile row g + 8
-                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
-                if (xok) {
-                    p = *(const float4*)(xs + 128 * kb);
-                    q = *(const float4*)(xs + 128 * kb + 16);
-                }
-                const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-                tc_kblock<1>(dh, dm, dl, a, b, xv);
+            if (nkbs == KC / 32) {
+#pragma unroll
+                for (int kb = 0; kb < KC / 32; ++kb) kblock(kb);
+            } else {
+                for (int kb = 0; kb < nkbs; ++kb) kblock(kb);
             }
         }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[0][i] + (dm[0][i] + dl[0][i]));
-        __syncthreads();   // every warp is done with slot s % ST before warp 0 refills it
+        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
+        __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
     if (warp >= nt) return;
     if (ks > 1) {

@@ -187,7 +187,8 @@ def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
 
 
 def tmb_smem(nw: int, kc: int, st: int) -> int:
-    return st * (nw * 32 * kc + 8 * (4 * kc + 16))
+    """ST ring slots (NW tiles' weights, 8 padded x rows), then one stage's split activations."""
+    return st * (nw * 32 * kc + 8 * (4 * kc + 16)) + kc // 32 * 1536
 
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
