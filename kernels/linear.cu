@@ -490,9 +490,12 @@ GEMV_TC_KSS(2, 2, 2)
 //          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
 //          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
 //          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
-//          one lane each; the weights of the first ST − 1 stages before griddep_wait(). Dynamic
-//          shared memory ST · (NW·32·KC + 8·(4·KC + 16)) bytes (linear.tmb_smem); x rows are padded
-//          to 4·KC + 16 bytes so lane (g, t)'s float4 reads hit every bank once.
+//          one lane each; the weights of the first ST − 1 stages before griddep_wait(). Once a
+//          stage has landed, the block splits its activations into the three bf16 terms once (not
+//          once a warp) into xsplit: per 32-k block 3 × 32 uint4 = 1536 bytes, [j][lane], lane
+//          (g, t)'s B fragments for h = 0, 1 and the three terms. Dynamic shared memory
+//          ST · (NW·32·KC + 8·(4·KC + 16)) + KC/32 · 1536 bytes (linear.tmb_smem); x rows are
+//          padded to 4·KC + 16 bytes so lane (g, t)'s float4 reads hit every bank once.
 // Split K  ks > 1: each (tile, part) writes its D fragment to part[z][y][tile][lane] (linear.tmb_scratch);
 //          the last of a tile's ks blocks to arrive at count[y·T + tile] adds part 0 + part 1 + ... in
 //          that order, applies the epilogue and sets the count back to 0 for the next launch.
