@@ -462,15 +462,19 @@ def render_md(R: dict) -> str:
     if {s["shape"] for s in R["shapes"] if "times" in s} == set(uses):   # every shape of a step was timed
         L += ["", "All projections of one 27B decode step (each shape times the layers that use it: "
               + ", ".join(f"{k} ×{v}" for k, v in uses.items()) + "), ms, and against M = 1:", "",
-              "| M | kestrel (engine) | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |", "|---|---|---|---|---|---|"]
+              "| M | kestrel (engine) | ÷ M=1 | tmb | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |",
+              "|---|---|---|---|---|---|---|---|"]
         tot = {}
+
+        def step_ms(M, kernel):
+            return sum(uses[s["shape"]] * s["times"][str(M)].get(kernel, {}).get("us", float("nan"))
+                       for s in R["shapes"]) / 1e3
         for M in MS:
-            e = sum(uses[s["shape"]] * s["times"][str(M)][R["engine_bf16_gemv"]]["us"] for s in R["shapes"]) / 1e3
-            c = sum(uses[s["shape"]] * s["times"][str(M)].get("cublas", {}).get("us", float("nan"))
-                    for s in R["shapes"]) / 1e3
+            e, t, c = step_ms(M, R["engine_bf16_gemv"]), step_ms(M, "tmb"), step_ms(M, "cublas")
             rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3
-            tot[M] = (e, c)
-            L.append(f"| {M} | {e:.2f} | {e / tot[1][0]:.3f} | {c:.2f} | {c / tot[1][1]:.3f} | {rd:.2f} |")
+            tot[M] = (e, t, c)
+            L.append(f"| {M} | {e:.2f} | {e / tot[1][0]:.3f} | {t:.2f} | {t / tot[1][1]:.3f} | {c:.2f} | "
+                     f"{c / tot[1][2]:.3f} | {rd:.2f} |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
           "(kestrel/ops/linear.py, BF16_GEMV)."]
     return "\n".join(L) + "\n"
@@ -485,7 +489,14 @@ def main():
     ap.add_argument("--budget", type=float, default=400.0, help="seconds; the sweep is skipped past 70%% of it")
     ap.add_argument("--profile", action="store_true",
                     help="launch each bf16 GEMV once at one shape (for a profiler), measure nothing")
+    ap.add_argument("--render", metavar="JSON",
+                    help="write OUT/bench_projections.md from a results file, measure nothing")
     a = ap.parse_args()
+    if a.render:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_projections.md").write_text(render_md(json.loads(Path(a.render).read_text())))
+        return
     if a.profile:
         profile_once(SHAPES[int(a.shapes or 0)])
         return
