@@ -112,7 +112,7 @@ __device__ __forceinline__ void gdn_recur_body(
     constexpr int NPER = REGS ? (DK + NSLICE - 1) / NSLICE : 1;
     const int n = dk * dv;
     const int h = blockIdx.x, kh = h / (nv / nk), tid = threadIdx.x, nt = blockDim.x;
-    float* S = sm;                          // NPER = 0 only
+    float* S = sm;                          // REGS = false only
     float* q_sh = REGS ? sm : S + n;
     float* k_sh = q_sh + dk;
     float* vd = k_sh + dk;      // v, then delta

@@ -493,7 +493,7 @@ GEMV_TC_KSS(2, 2, 2)
 //          one lane each; the weights of the first ST − 1 stages before griddep_wait(). Once a
 //          stage has landed, the block splits its activations into the three bf16 terms once (not
 //          once a warp) into xsplit: per 32-k block 3 × 32 uint4 = 1536 bytes, [j][lane], lane
-//          (g, t)'s B fragments for h = 0, 1 and the three terms. Dynamic shared memory
+//          (g, t)'s B fragments for both mma steps of the block (k 0-15, 16-31) and the three terms. Dynamic shared memory
 //          ST · (NW·32·KC + 8·(4·KC + 16)) + KC/32 · 1536 bytes (linear.tmb_smem); x rows are
 //          padded to 4·KC + 16 bytes so lane (g, t)'s float4 reads hit every bank once.
 // Split K  ks > 1: each (tile, part) writes its D fragment to part[z][y][tile][lane] (linear.tmb_scratch);
@@ -609,9 +609,9 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 v = *(const float4*)(xr + 16);
             }
             unsigned w[12];
-            split3(u.x, u.y, w[0], w[2], w[4]);    // h 0: slots 2t, 2t+1 (hi, mid, lo)
+            split3(u.x, u.y, w[0], w[2], w[4]);    // mma step 0: slots 2t, 2t+1 (hi, mid, lo)
             split3(u.z, u.w, w[1], w[3], w[5]);    //      slots 2t+8, 2t+9
-            split3(v.x, v.y, w[6], w[8], w[10]);   // h 1
+            split3(v.x, v.y, w[6], w[8], w[10]);   // mma step 1
             split3(v.z, v.w, w[7], w[9], w[11]);
             uint4* dst = (uint4*)(xsplit + 1536 * kb) + l;
             dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -620,7 +620,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         }
         __syncthreads();
         float dh[4] = {}, dm[4] = {}, dl[4] = {};
-        auto kblock = [&](int kb) {   // the chains of tc_kblock, h = 0 then 1, fed from xsplit
+        auto kblock = [&](int kb) {   // the chains of tc_kblock, mma step 0 then 1, fed from xsplit
             const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
             const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
             const uint4* bs = (const uint4*)(xsplit + 1536 * kb) + lane;

@@ -7,13 +7,15 @@ In one run, on bf16 weights drawn at random (cuRAND normal, scaled by K^-1/2, ro
   * the read floor: kernels/stream_read.cu (16-byte loads that skip L1), the best of its
     grid shapes over a 2 GiB buffer, and over each projection's own weight buffers; beside it the
     device-to-device copy (bytes read + written), the figure the engine's floor used so far;
-  * correctness of both bf16 GEMVs of kernels/linear.cu (CUDA-core "fma", tensor-core "tensor") at
+  * correctness of the bf16 GEMVs of kernels/linear.cu (CUDA-core "fma", tensor-core "tensor" and
+    "tmb", the last on GPUs with bulk copies, sm_90 and later) at
     every shape with its epilogue: relative error vs float64 (all rows) and vs the NumPy twin (a
     slice of rows), every output written (outputs poisoned with NaN first), and row m of an
     M-row launch bit-identical to that row launched alone for every M = 1..8;
-  * time and bandwidth (weight bytes / time) of fma, tensor and cuBLAS (torch.matmul: bf16 x, bf16 W,
-    bf16 out; no epilogue) for M = 1, 2, 3, 4, 8, and whether cuBLAS's rows are bit-identical
-    across M; a sweep of the tensor-core variants (tiles a warp, load step, K-split) at M = 1, 8.
+  * time and bandwidth (weight bytes / time) of fma, tensor, tmb and cuBLAS (torch.matmul: bf16 x,
+    bf16 W, bf16 out; no epilogue) for M = 1, 2, 3, 4, 8, and whether cuBLAS's rows are bit-identical
+    across M; sweeps of the CUDA-core shapes (M = 1..8), the tensor-core variants (tiles a warp, load
+    step, K-split; M = 1, 8) and the tmb shapes (tiles a block, stages, K-split; M = 1, 4, 8).
 
 Timing: each launch reads its own weight buffer, rotating over buffers that together hold at
 least four times the L2 (so the weights come from HBM, not the cache); a CUDA graph of such
@@ -230,7 +232,9 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
          "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
 
     t0 = time.time()
-    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in KERNELS}
+    # tmb only where the engine would run it (elsewhere gemv_launch would fall back to fma)
+    kernels = [k for k in KERNELS if k != "tmb" or linear.tmb_eligible(Ws[0], K, x, K)]
+    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in kernels}
     Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
     log(f"{label}: checks {json.dumps(R['checks'])} ({time.time() - t0:.1f} s)")
 
@@ -269,7 +273,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
 
     R["times"] = {}
     for M in MS:
-        e = {k: ours(k, M) for k in KERNELS}
+        e = {k: ours(k, M) for k in kernels}
         if torch is not None:
             xm = xb[:M].contiguous()
 
@@ -293,7 +297,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
                 log(f"  sweep RT,U,ST={variant} ks={ks}: M=1 {r['M1_us']:.1f} us, M=8 {r['M8_us']:.1f} us")
         R["fma_sweep"] = fma_sweep(be, cp, linear, Ws[0], x, y0, N, K, epi, half, ours)
         R["tmb_sweep"] = []
-        for shape in linear._TMB:
+        for shape in linear._TMB if "tmb" in kernels else ():
             for ks in linear.TMB_KSPLITS:
                 if ks > K // 32:
                     continue
@@ -391,7 +395,7 @@ def render_md(R: dict) -> str:
           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in R["shapes"]:
         if "error" in s:
-            L.append(f"| {s['shape']} | error: {s['error'][:100]} |" + " |" * 7)
+            L.append(f"| {s['shape']} | error: {s['error'][:100]} |" + " |" * 9)
             continue
         inv = s.get("cublas_invariance", {}).get("row0_bit_identical_by_M")
         for M, e in s["times"].items():

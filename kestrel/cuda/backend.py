@@ -20,6 +20,7 @@ import cupy as cp
 import numpy as np
 
 from ..config import Config
+from ..ops import gdn as _gdn
 from ..ops import head as _head
 from ..ops import linear as _linear
 from ..ops import rope as _rope
@@ -191,8 +192,8 @@ class CUDABackend:
         """The cached plan of (prog, M, gdn_mode, the state's buffers), lowered on first use."""
         if M > GRAPH_MAX_ROWS:
             return lower(self, model, prog, st, M, gdn_mode)
-        key = (prog.name, M, gdn_mode, self.stack_projections, st.max_seq, st.nslots,
-               *(a.data.ptr for a in st.buffers().values()))
+        key = (prog.name, M, gdn_mode, self.stack_projections, _linear.BF16_GEMV, _gdn.GDN_RECUR,
+               st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))   # kernels chosen
         plans = self.plans(model)
         plan = plans.get(key)
         if plan is None:

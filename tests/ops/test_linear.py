@@ -245,10 +245,42 @@ def _split3(x):
     return out
 
 
+def _split3_words(x0, x1):
+    """split3 of kernels/linear.cu: the (hi, mid, lo) bf16x2 words of two floats (x0 in the low half)."""
+    r, words = np.array([x0, x1], np.float32), []
+    for _ in range(3):
+        bits = r.view(np.uint32)
+        words.append(int(bits[0] >> 16) | int(bits[1] >> 16) << 16)
+        r = (r - (bits & 0xFFFF0000).view(np.float32)).astype(np.float32)
+    return words
+
+
+def _xsplit_stage(x, m0, mc, k0, nkbs):
+    """The block's xsplit for one stage, as gemv_tmb packs it: [kb][j][lane] -> 4 words."""
+    out = np.zeros((nkbs, 3, 32, 4), np.uint32)
+    for kb in range(nkbs):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            u = x[m0 + g, k0 + 32 * kb + 8 * t:k0 + 32 * kb + 8 * t + 8] if g < mc else np.zeros(8, np.float32)
+            w = [0] * 12
+            w[0], w[2], w[4] = _split3_words(u[0], u[1])
+            w[1], w[3], w[5] = _split3_words(u[2], u[3])
+            w[6], w[8], w[10] = _split3_words(u[4], u[5])
+            w[7], w[9], w[11] = _split3_words(u[6], u[7])
+            out[kb, :, lane] = np.array(w, np.uint32).reshape(3, 4)
+    return out
+
+
+# the (b0, b1) words of each chain (hi, mid, lo) for mma step h, as kblock reads x0, x1, x2
+_XSPLIT_READ = {0: (((0, 0), (0, 1)), ((0, 2), (0, 3)), ((1, 0), (1, 1))),
+                1: (((1, 2), (1, 3)), ((2, 0), (2, 1)), ((2, 2), (2, 3)))}
+
+
 def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
     """gemv_tmb's addressing traced in Python, each mma exact (float64): the tiled bytes read as
     kernels/linear.cu reads them (stage base 32(TK + k0), lane offsets 1024kb + 512h + 16·lane),
-    the A and B fragments filled slot by slot, the parts of the K split, the D-fragment stores."""
+    the B fragments read from the block's xsplit as packed there (and checked against the three
+    terms of each activation), the parts of the K split, the D-fragment stores."""
     epi = linear.EPI[epilogue]
     flat = linear.tmb_tiled(W, K, epilogue, half).reshape(-1)
     T = linear.tmb_tiles(W.shape[0], epilogue, half)
@@ -264,7 +296,9 @@ def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
                 klo, khi = 32 * (z * nkb // ks), 32 * ((z + 1) * nkb // ks)
                 for k0 in range(klo, khi, kc):
                     base = (tile * K + k0) * 32 // 2            # uint16 elements
-                    for kb in range(min(kc, khi - k0) // 32):
+                    nkbs = min(kc, khi - k0) // 32
+                    xs = _xsplit_stage(x, m0, mc, k0, nkbs)
+                    for kb in range(nkbs):
                         for h in range(2):
                             A, B = np.zeros((16, 16)), [np.zeros((16, 8)) for _ in range(3)]
                             for lane in range(32):
@@ -274,10 +308,13 @@ def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
                                 b = wide(flat[oa + 256:oa + 264])
                                 A[g, 2 * t:2 * t + 2], A[g, 2 * t + 8:2 * t + 10] = a[4 * h:4 * h + 2], a[4 * h + 2:4 * h + 4]
                                 A[g + 8, 2 * t:2 * t + 2], A[g + 8, 2 * t + 8:2 * t + 10] = b[4 * h:4 * h + 2], b[4 * h + 2:4 * h + 4]
-                                if g < mc:
-                                    k = k0 + 32 * kb + 8 * t + 4 * h
-                                    for B_, part in zip(B, _split3(x[m0 + g, k:k + 4])):
-                                        B_[2 * t:2 * t + 2, g], B_[2 * t + 8:2 * t + 10, g] = part[:2], part[2:]
+                                want = _split3(x[m0 + g, k0 + 32 * kb + 8 * t + 4 * h:][:4]) if g < mc else [np.zeros(4)] * 3
+                                for B_, (j0, j1), part in zip(B, _XSPLIT_READ[h], want):
+                                    for rows, (j, i) in ((slice(2 * t, 2 * t + 2), j0), (slice(2 * t + 8, 2 * t + 10), j1)):
+                                        word = np.array([xs[kb, j, lane, i]], np.uint32)
+                                        B_[rows, g] = wide(word.view(np.uint16))
+                                    assert np.array_equal(np.r_[B_[2 * t:2 * t + 2, g], B_[2 * t + 8:2 * t + 10, g]],
+                                                          part), (kb, h, lane)
                             for B_ in B:
                                 acc += A @ B_
             for lane in range(32):
