@@ -37,3 +37,25 @@ def sizes_table(configs=None, seq_len: int = 4096) -> list:
     if configs is None:
         configs = [PRESETS[n] for n in ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")]
     return [state_sizes(c, seq_len) for c in configs]
+
+
+# The projection shapes of one decode step, as scripts/bench_projections.py labels them.
+PROJECTIONS = ("gdn in_proj [qkv|z|b|a]", "attn [q|k|v]", "mlp [gate|up] + SwiGLU", "mlp down",
+               "out_proj / o_proj", "lm_head")
+
+
+def projection_uses(cfg: Config) -> dict:
+    """How many times one decode step runs each projection: in_proj in every GDN layer, q|k|v in
+    every attention layer, the MLP and the output projection in every layer, the head once."""
+    g, a = len(cfg.gdn_layers), len(cfg.attn_layers)
+    return dict(zip(PROJECTIONS, (g, a, g + a, g + a, g + a, 1)))
+
+
+def projection_step_ms(bench: dict, kernel: str, cfg: Config | None = None) -> dict:
+    """M -> ms of all the projections of one decode step with `kernel` ("fma", "tensor", "tmb",
+    "cublas"), from a results/bench_projections.json dict: each shape's time × its uses (NaN
+    where a shape lacks that kernel)."""
+    uses = projection_uses(cfg or PRESETS["qwen3.5-27b"])
+    Ms = sorted({int(M) for s in bench["shapes"] for M in s.get("times", {})})
+    return {M: sum(uses[s["shape"]] * s["times"][str(M)].get(kernel, {}).get("us", float("nan"))
+                   for s in bench["shapes"]) / 1e3 for M in Ms}

@@ -369,10 +369,10 @@ def profile_once(shape, ms=(1, 4)):
 def step_uses(preset="qwen3.5-27b") -> dict:
     """How many times one decode step runs each projection shape of SHAPES (from the config)."""
     from kestrel.config import PRESETS
-    c = PRESETS[preset]
-    g, a = len(c.gdn_layers), len(c.attn_layers)
-    return {SHAPES[0][0]: g, SHAPES[1][0]: a, SHAPES[2][0]: g + a, SHAPES[3][0]: g + a, SHAPES[4][0]: g + a,
-            SHAPES[5][0]: 1}
+    from kestrel.sizes import projection_uses
+    uses = projection_uses(PRESETS[preset])
+    assert list(uses) == [s[0] for s in SHAPES]
+    return uses
 
 
 def render_md(R: dict) -> str:
@@ -468,13 +468,11 @@ def render_md(R: dict) -> str:
               + ", ".join(f"{k} ×{v}" for k, v in uses.items()) + "), ms, and against M = 1:", "",
               "| M | kestrel (engine) | ÷ M=1 | tmb | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |",
               "|---|---|---|---|---|---|---|---|"]
+        from kestrel.sizes import projection_step_ms
         tot = {}
-
-        def step_ms(M, kernel):
-            return sum(uses[s["shape"]] * s["times"][str(M)].get(kernel, {}).get("us", float("nan"))
-                       for s in R["shapes"]) / 1e3
+        steps = {k: projection_step_ms(R, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")}
         for M in MS:
-            e, t, c = step_ms(M, R["engine_bf16_gemv"]), step_ms(M, "tmb"), step_ms(M, "cublas")
+            e, t, c = steps[R["engine_bf16_gemv"]][M], steps["tmb"][M], steps["cublas"][M]
             rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3
             tot[M] = (e, t, c)
             L.append(f"| {M} | {e:.2f} | {e / tot[1][0]:.3f} | {t:.2f} | {t / tot[1][1]:.3f} | {c:.2f} | "
