@@ -304,28 +304,6 @@ __device__ __forceinline__ void tc_load(uint4 (&wa)[RT][U], uint4 (&wb)[RT][U], 
     }
 }
 
-// One 32-k block of RT tiles: lane (g, t)'s weights a[r] (tile row g) and b[r] (row g + 8) at
-// k = 32kb + 8t .. +7 and its x values xv at the same k; x split into hi/mid/lo, then the two mma
-// steps h = 0, 1 of the three chains of each tile.
-template <int RT>
-__device__ __forceinline__ void tc_kblock(float (&dh)[RT][4], float (&dm)[RT][4], float (&dl)[RT][4],
-                                          const uint4 (&a)[RT], const uint4 (&b)[RT], const float (&xv)[8]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        unsigned h0, m0, l0, h1, m1, l1;
-        split3(xv[4 * h], xv[4 * h + 1], h0, m0, l0);       // slots 2t, 2t+1
-        split3(xv[4 * h + 2], xv[4 * h + 3], h1, m1, l1);   // slots 2t+8, 2t+9
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            const unsigned a0 = u4_word(a[r], 2 * h), a1 = u4_word(b[r], 2 * h);
-            const unsigned a2 = u4_word(a[r], 2 * h + 1), a3 = u4_word(b[r], 2 * h + 1);
-            mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
-            mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
-            mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
-        }
-    }
-}
-
 // The outputs of one tile from its D fragment acc: d0, d1 = tile row g (output ra = tile·OUT + g),
 // columns 2t, 2t + 1 (activation rows m0 + 2t, + 1); d2, d3 = tile row g + 8. EPI 0 store, 1 add,
 // 2 SwiGLU of gate row g with its up row g + 8.
@@ -372,13 +350,20 @@ __device__ __forceinline__ void tc_chunk(const uint4 (&wa)[RT][U], const uint4 (
         float4 p = __ldg(xp), q = __ldg(xp + 1);
         if (!ok) p = q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-        uint4 a[RT], b[RT];
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-            a[r] = wa[r][u];
-            b[r] = wb[r][u];
+        for (int s = 0; s < 2; ++s) {
+            unsigned h0, m0, l0, h1, m1, l1;
+            split3(xv[4 * s], xv[4 * s + 1], h0, m0, l0);       // slots 2t, 2t+1
+            split3(xv[4 * s + 2], xv[4 * s + 3], h1, m1, l1);   // slots 2t+8, 2t+9
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+                const unsigned a0 = u4_word(wa[r][u], 2 * s), a1 = u4_word(wb[r][u], 2 * s);
+                const unsigned a2 = u4_word(wa[r][u], 2 * s + 1), a3 = u4_word(wb[r][u], 2 * s + 1);
+                mma_bf16_16816(dh[r], a0, a1, a2, a3, h0, h1);
+                mma_bf16_16816(dm[r], a0, a1, a2, a3, m0, m1);
+                mma_bf16_16816(dl[r], a0, a1, a2, a3, l0, l1);
+            }
         }
-        tc_kblock<RT>(dh, dm, dl, a, b, xv);
     }
 #pragma unroll
     for (int r = 0; r < RT; ++r)
@@ -620,7 +605,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         }
         __syncthreads();
         float dh[4] = {}, dm[4] = {}, dl[4] = {};
-        auto kblock = [&](int kb) {   // the chains of tc_kblock, mma step 0 then 1, fed from xsplit
+        auto kblock = [&](int kb) {   // tc_chunk's chains, mma step 0 then 1, fed from xsplit
             const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
             const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
             const uint4* bs = (const uint4*)(xsplit + 1536 * kb) + lane;
