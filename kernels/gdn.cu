@@ -130,6 +130,17 @@ __device__ __forceinline__ void gdn_recur_body(
     const int col = tid % dv, kslice = tid / dv;
     const bool act = kslice < nslice;
     float Sr[NPER];
+    auto store_state = [&](float* __restrict__ dst) {   // dst <- S: a checkpoint slot, or back in place
+        if constexpr (!REGS) {
+            copy_state(dst, S, n);
+        } else if (act) {
+#pragma unroll
+            for (int i = 0; i < NPER; ++i) {
+                const int kk = kslice + i * nslice;
+                if (kk < dk) dst[kk * dv + col] = Sr[i];
+            }
+        }
+    };
     if constexpr (!REGS) {
         copy_state(S, Sg, n);
     } else {
@@ -226,31 +237,10 @@ __device__ __forceinline__ void gdn_recur_body(
             const float zz = z[(i64)j * ldz + (i64)h * dv + tid];
             y[(i64)j * ldy + (i64)h * dv + tid] = (norm_w[tid] * (o * inv)) * silu_f(zz);
         }
-        if (mode == GDN_CHECKPOINT) {
-            float* dst = S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff;
-            if constexpr (!REGS) {
-                copy_state(dst, S, n);
-            } else if (act) {
-#pragma unroll
-                for (int i = 0; i < NPER; ++i) {
-                    const int kk = kslice + i * nslice;
-                    if (kk < dk) dst[kk * dv + col] = Sr[i];
-                }
-            }
-        }
+        if (mode == GDN_CHECKPOINT) store_state(S_ring + (i64)((slot + 1 + j) % nslots) * slot_stride + hoff);
         __syncthreads();
     }
-    if (mode == GDN_IN_PLACE) {
-        if constexpr (!REGS) {
-            copy_state(Sg, S, n);
-        } else if (act) {
-#pragma unroll
-            for (int i = 0; i < NPER; ++i) {
-                const int kk = kslice + i * nslice;
-                if (kk < dk) Sg[kk * dv + col] = Sr[i];
-            }
-        }
-    }
+    if (mode == GDN_IN_PLACE) store_state(Sg);
 }
 
 #define GDN_RECUR_KERNEL(NAME, REGS, DK, DV)                                                                                  \
