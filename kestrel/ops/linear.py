@@ -76,7 +76,6 @@ TC_KSPLITS = (2, 4, 8)
 TC_KSPLIT_BY_K: dict = {}      # benchmarks only: override the tensor-core K-split for a given K
 
 
-
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x [M, K] float32, w [N, K] float32 -> [M, N] float32."""
     m, k = x.shape
