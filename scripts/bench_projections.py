@@ -137,13 +137,13 @@ def read_variants(be, cp, bufs, per_graph, reps, sink):
 KERNELS = ("fma", "tensor", "tmb")   # kestrel's bf16 GEMVs (kestrel/ops/linear.py BF16_GEMVS)
 
 
-def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, twin_rows=1024):
+def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, tiled=None, twin_rows=1024):
     """rel vs float64 (all rows), rel vs the NumPy twin (rows [0, twin_rows)), all written,
-    rows bit-identical for M = 1..8. W: [rows, K] bf16 bits; x [8, K]; y0 [8, N] (add)."""
+    rows bit-identical for M = 1..8. W: [rows, K] bf16 bits; x [8, K]; y0 [8, N] (add);
+    tiled: W's tmb_tiled copy (kernel "tmb")."""
     from kestrel.cuda import launch as L
     from kestrel.ops import linear, mlp
     half = N if epi == "swiglu" else 0
-    tiled = linear.tmb_tiled(W, K, epi, half) if kernel == "tmb" else None
 
     def run(j0, m):
         y = y0[j0:j0 + m].copy() if epi == "add" else cp.full((m, N), np.nan, np.float32)
@@ -234,8 +234,9 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     t0 = time.time()
     # tmb only where the engine would run it (elsewhere gemv_launch would fall back to fma)
     kernels = [k for k in KERNELS if k != "tmb" or linear.tmb_eligible(Ws[0], K, x, K)]
-    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0) for k in kernels}
-    Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
+    Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws] if "tmb" in kernels else []
+    R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0, tiled=Wts[0] if k == "tmb" else None)
+                   for k in kernels}
     log(f"{label}: checks {json.dumps(R['checks'])} ({time.time() - t0:.1f} s)")
 
     def gbps(t):
