@@ -47,7 +47,7 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
 # gemv_tmb: (NW tiles a block, KC k a stage, ST stages). KC and the K split (tmb_ksplit) fix a row's
 # order; NW and ST only its speed, so the engine picks NW by the work (tmb_shape) among TMB_SHAPES,
 # widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
-TMB_SHAPES = ((4, 256, 2), (1, 256, 3))
+TMB_SHAPES = ((4, 256, 2), (2, 256, 2), (1, 256, 3))
 TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
@@ -193,13 +193,14 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
     """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
-    shared by more tiles) whose blocks fill at least 80% of the GPU's block slots at once (fewer
-    leave copy bandwidth unused); else the narrowest. Bits do not depend on it."""
-    for shape in TMB_SHAPES:
-        per_sm = max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))   # 1 KB reserved a block
-        if L.cdiv(tiles, shape[0]) * ks >= 0.8 * _device()["sms"] * per_sm:
-            return shape
-    return TMB_SHAPES[-1]
+    shared by more tiles) whose blocks fill at least 80% of the block slots of every wave, the last
+    one included (a last wave of a few blocks runs each alone, with one stage in flight); else the
+    shape that fills them best. Bits do not depend on it."""
+    def fill(shape):
+        slots = _device()["sms"] * max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))
+        blocks = L.cdiv(tiles, shape[0]) * ks
+        return blocks / (L.cdiv(blocks, slots) * slots)
+    return next((s for s in TMB_SHAPES if fill(s) >= 0.8), max(TMB_SHAPES, key=fill))
 
 
 _TMB_SCRATCH: list = []     # (slots, part, count), each larger than the one before; none is freed
