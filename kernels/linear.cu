@@ -464,7 +464,8 @@ GEMV_TC_KSS(2, 2, 2)
 // ==== gemv_tmb_*: tensor cores fed by bulk copies from tiled weights (every M costs about what M = 1 costs) ==
 //
 // Math     as gemv_tc: x split exactly into three bf16 terms, three mma chains (hi, mid, lo), here
-//          restarted at each stage: acc = acc + (D_hi + (D_mid + D_lo)).
+//          restarted at each chain group of TMB_CG k (a whole number of stages; the last may be
+//          short): acc = acc + (D_hi + (D_mid + D_lo)).
 // Layout   W tiled (linear.tmb_tiled): per tile of 16 rows (EPI 2: 8 gate rows, then their 8 up rows),
 //          per 32-k block kb, 1 KB = [h = 0, 1][lane = 4g + t] uint4, the 8 bf16 of tile row g + 8h at
 //          k = 32kb + 8t .. +7 (the K permutation of gemv_tc, so lane (g, t)'s two uint4 are its A
@@ -484,11 +485,11 @@ GEMV_TC_KSS(2, 2, 2)
 // Split K  ks > 1: each (tile, part) writes its D fragment to part[z][y][tile][lane] (linear.tmb_scratch);
 //          the last of a tile's ks blocks to arrive at count[y·T + tile] adds part 0 + part 1 + ... in
 //          that order, applies the epilogue and sets the count back to 0 for the next launch.
-// Order    per output element: for each part, for each of its stages in increasing k, the three
-//          chains over the stage's kb, into acc as above; then the parts in index order. Fixed by K,
-//          KC and ks alone (linear.tmb_ksplit): NW, ST, N and M change nothing, so row m of an M-row
-//          launch is bit-identical to that row alone, and a row of a stacked matrix to that row in
-//          its own matrix.
+// Order    per output element: for each part, for each of its chain groups in increasing k, the
+//          three chains over the group's kb, into acc as above; then the parts in index order. Fixed
+//          by K, TMB_CG and ks alone (linear.tmb_ksplit): NW, KC, ST, N and M change nothing, so row
+//          m of an M-row launch is bit-identical to that row alone, and a row of a stacked matrix to
+//          that row in its own matrix.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 // Bulk copies and transaction mbarriers need sm_90: older GPUs get a stub (linear.tmb_eligible never
 // picks gemv_tmb there), so the rest of this file still compiles for them.
@@ -528,6 +529,7 @@ template <int NW, int KC, int ST, int EPI>
 __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,
                                               float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,
                                               int ks, float4* __restrict__ part, int* __restrict__ count) {
+    static_assert(TMB_CG % KC == 0, "a stage lies inside one chain group");
     constexpr int XP = 4 * KC + 16;    // x row pitch in shared memory (≡ 16 mod 128: no bank conflicts)
     constexpr int TB = 32 * KC;        // one tile's stage
     constexpr int WB = NW * TB, SB = WB + 8 * XP;
@@ -576,6 +578,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, false, true);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float dh[4] = {}, dm[4] = {}, dl[4] = {};   // the three chains of the current chain group
     for (int s = 0; s < nst; ++s) {
         if (warp == 0 && s + ST - 1 < nst) issue(s + ST - 1, true, true);   // the slot read last round
         const unsigned par = (unsigned)((s / ST) & 1);
@@ -604,7 +607,6 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
             dst[64] = make_uint4(w[8], w[9], w[10], w[11]);
         }
         __syncthreads();
-        float dh[4] = {}, dm[4] = {}, dl[4] = {};
         auto kblock = [&](int kb) {   // tc_chunk's chains, mma step 0 then 1, fed from xsplit
             const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
             const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
@@ -625,8 +627,13 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 for (int kb = 0; kb < nkbs; ++kb) kblock(kb);
             }
         }
+        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) {   // a chain group ends: fold it, restart
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
+            for (int i = 0; i < 4; ++i) {
+                acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
+                dh[i] = dm[i] = dl[i] = 0.0f;
+            }
+        }
         __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
     if (warp >= nt) return;

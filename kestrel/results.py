@@ -7,6 +7,7 @@ speculative-decoding benchmark (scripts/bench_spec.py) into typed objects.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,27 @@ def load(name: str) -> dict:
     return json.loads(path.read_text())
 
 
-def recorded_command(script: str, argv: list) -> str:
-    """The command line a results file records: the output folder is written OUTDIR (where a
-    run put its files says nothing about what it measured)."""
+# The environment switches that change which kernels run (and so what a benchmark measures).
+KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_GEMV_SWEEP", "KESTREL_PDL")
+
+
+def stem(name: str) -> str:
+    """The results file a benchmark writes: `name`, or name_<kernel> when it runs under a bf16 GEMV
+    other than the engine's default (KESTREL_BF16_GEMV), so such a run cannot overwrite the
+    default's results."""
+    from kestrel.ops import linear
+    gemv = linear.BF16_GEMV
+    return name if gemv == linear.BF16_GEMV_DEFAULT else f"{name}_{gemv}"
+
+
+def recorded_command(script: str, argv: list, environ=None) -> str:
+    """The command line a results file records, led by the kernel switches set in the environment;
+    the output folder is written OUTDIR (where a run put its files says nothing about what it
+    measured)."""
+    env = os.environ if environ is None else environ
     args = ["OUTDIR" if i and argv[i - 1] == "--out" else x for i, x in enumerate(argv)]
-    return " ".join(["python3", script] + [shlex.quote(x) for x in args])
+    switches = [f"{k}={shlex.quote(env[k])}" for k in KERNEL_SWITCHES if k in env]
+    return " ".join(switches + ["python3", script] + [shlex.quote(x) for x in args])
 
 
 def repo_relative(path) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.results import recorded_command, repo_relative  # noqa: E402
+from kestrel.results import recorded_command, repo_relative, stem as results_stem  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
 DEFAULT_PRESETS = ["test-a", "test-b", "tiny"] + QWEN
@@ -565,8 +565,8 @@ def main():
             R["gemv_sweep_error"] = repr(e)
 
     def save():
-        (out / "bench_engine.json").write_text(json.dumps(R, indent=1, default=float))
-        (out / "bench_engine.md").write_text(render_md(R))
+        (out / f"{results_stem('bench_engine')}.json").write_text(json.dumps(R, indent=1, default=float))
+        (out / f"{results_stem('bench_engine')}.md").write_text(render_md(R))
 
     rng = np.random.default_rng(0)
     presets = [p for p in a.presets.split(",") if p]

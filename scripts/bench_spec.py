@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 import kestrel  # noqa: E402
 from kestrel import spec  # noqa: E402
-from kestrel.results import recorded_command, repo_relative  # noqa: E402
+from kestrel.results import recorded_command, repo_relative, stem as results_stem  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
 
@@ -305,7 +305,7 @@ def main(argv=None):
     d["seconds"] = round(time.time() - t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = "bench_spec_quick" if args.quick else "bench_spec"
+    stem = results_stem("bench_spec_quick" if args.quick else "bench_spec")
     (out / f"{stem}.json").write_text(json.dumps(d, indent=1, default=str))
     (out / f"{stem}.md").write_text(markdown(d))
     log(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')} in {d['seconds']} s")

@@ -29,3 +29,23 @@ def test_projection_uses_account_for_a_steps_weights():
     assert sorted(uses) == sorted(s["shape"] for s in bench["shapes"])
     got = sum(uses[s["shape"]] * s["weight_bytes"] for s in bench["shapes"])
     assert 0.999 < got / sweep.weight_bytes(cfg, "bf16") < 1.0
+
+
+def test_recorded_command_names_the_kernel_switches():
+    """A results file measured under a kernel switch says so in its command (the same script
+    measures other kernels without it); the output folder is never recorded."""
+    from kestrel.results import recorded_command
+    argv = ["--out", "/tmp/x y", "--reps", "9"]
+    assert recorded_command("scripts/b.py", argv, {}) == "python3 scripts/b.py --out OUTDIR --reps 9"
+    env = {"KESTREL_BF16_GEMV": "tmb", "KESTREL_COMMIT": "abc", "HOME": "/root", "KESTREL_PDL": "0"}
+    assert (recorded_command("scripts/b.py", argv, env)
+            == "KESTREL_BF16_GEMV=tmb KESTREL_PDL=0 python3 scripts/b.py --out OUTDIR --reps 9")
+
+
+def test_a_run_under_another_gemv_writes_its_own_results(monkeypatch):
+    from kestrel.ops import linear
+    from kestrel.results import stem
+    monkeypatch.setattr(linear, "BF16_GEMV", linear.BF16_GEMV_DEFAULT)
+    assert stem("bench_engine") == "bench_engine"
+    monkeypatch.setattr(linear, "BF16_GEMV", "tmb")
+    assert stem("bench_engine") == "bench_engine_tmb"

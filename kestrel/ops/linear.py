@@ -44,11 +44,14 @@ GEMV_FMA = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 
 GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
                               | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
 
-# gemv_tmb: (NW tiles a block, KC k a stage, ST stages). KC and the K split (tmb_ksplit) fix a row's
-# order; NW and ST only its speed, so the engine picks NW by the work (tmb_shape) among TMB_SHAPES,
-# widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
+# gemv_tmb: (NW tiles a block, KC k a stage, ST stages). The chain group (TMB_CG k: the mma chains
+# restart and fold into the sum at each group's end) and the K split (tmb_ksplit) fix a row's order;
+# NW, KC (a divisor of TMB_CG) and ST only its speed, so the engine picks a shape by the work
+# (tmb_shape) among TMB_SHAPES, widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
+TMB_CG = 256
 TMB_SHAPES = ((4, 256, 2), (2, 256, 2), (1, 256, 3))
-TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2))
+TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
+             (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
@@ -60,14 +63,15 @@ def _instantiations(kind: str, shapes) -> str:
 
 _SWEEP = GEMV_FMA_SWEEP if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else ()
 _TMB = sorted({*TMB_SHAPES, *(TMB_SWEEP if _SWEEP else ())})
-CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS,
+CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
                 "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
                 "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
                 "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB)}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
 BF16_GEMVS = ("fma", "tensor", "tmb")
-BF16_GEMV = os.environ.get("KESTREL_BF16_GEMV", "fma")
+BF16_GEMV_DEFAULT = "fma"
+BF16_GEMV = os.environ.get("KESTREL_BF16_GEMV", BF16_GEMV_DEFAULT)
 if BF16_GEMV not in BF16_GEMVS:
     raise ValueError(f"KESTREL_BF16_GEMV={BF16_GEMV!r}: expected one of {BF16_GEMVS}")
 TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))   # tensor-core (RT tiles of 16 rows a warp,
