@@ -342,8 +342,9 @@ def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
 
 
 def profile_once(shape, ms=(1, 4)):
-    """One launch of fma, then of each tensor-core variant at its K-split, for each M in ms
-    (for a profiler that catches the gemv kernels in this order)."""
+    """One launch of fma, then of each tensor-core variant at its K-split, then of gemv_tmb at the
+    engine's shape (where tmb_eligible), for each M in ms (for a profiler that catches the gemv
+    kernels in this order)."""
     import cupy as cp
     from kestrel.cuda import CUDABackend
     from kestrel.cuda import launch as L
@@ -355,11 +356,14 @@ def profile_once(shape, ms=(1, 4)):
     be._fill_normal(cp.random.RandomState(5), w, K ** -0.5)
     x = cp.random.RandomState(6).standard_normal((8, K), dtype=cp.float32)
     y = cp.zeros((8, N), cp.float32)
+    tiled = linear.tmb_tiled(w, K, epi, half) if linear.tmb_eligible(w, K, x, K) else None
     launches = []
     for M in ms:
         launches.append(("fma", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="fma")))
         for v in linear.TC_VARIANTS:
             launches.append((f"tensor {v}", M, linear.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
+        if linear.tmb_eligible(w, K, x, K):
+            launches.append(("tmb", M, linear.gemv_tmb_launch(w, tiled, x, y, M, K, K, N, epi, half)))
     for name, M, launch in launches:
         L.go(launch, be.stream)
         be.sync()
