@@ -439,8 +439,9 @@ def render_md(R: dict) -> str:
             L.append(f"| {','.join(map(str, r['variant']))} | {r['ksplit']} | " + " | ".join(cells) + " |")
     ts = [s for s in R["shapes"] if s.get("tmb_sweep")]
     if ts:
-        L += ["", "tmb shapes: NW tiles a block, KC k a stage, ST stages; ks blocks sharing a tile's K (KC and ks set "
-              "a row's order, NW and ST do not); µs at M = 1 / 4 / 8; the engine's choice in bold.", "",
+        L += ["", "tmb shapes: NW tiles a block, KC k a stage, ST stages; ks blocks sharing a tile's K (ks and the "
+              "256-k chain group set a row's order, NW, KC and ST do not); µs at M = 1 / 4 / 8; the engine's "
+              "choice in bold.", "",
               "| NW,KC,ST | ks | " + " | ".join(s["shape"] for s in ts) + " |", "|---|---|" + "---|" * len(ts)]
         keys = sorted({(tuple(q["shape"]), q["ksplit"]) for s in ts for q in s["tmb_sweep"]})
         for shape, ks in keys:

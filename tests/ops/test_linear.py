@@ -368,8 +368,9 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
 @needs_gpu
 def test_gemv_tmb_shapes(be, rng, ks):
     """Every compiled gemv_tmb shape, every epilogue, N not a multiple of a tile, K not of a stage,
-    11 rows: vs float64, rows independent of M, the same bits for every shape (NW and ST do not
-    enter a row's order), and the K-split counts back at zero after each launch."""
+    11 rows: vs float64, rows independent of M, the same bits for every shape (NW, KC and ST do
+    not enter a row's order: with KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split
+    counts back at zero after each launch."""
     import cupy as cp
     I, K = 45, 1056
     w, w_host = _weight(be, rng, 2 * I, K, "bf16")
