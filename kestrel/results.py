@@ -24,6 +24,19 @@ def load(name: str) -> dict:
     return json.loads(path.read_text())
 
 
+def measured_commit():
+    """The commit a benchmark measured: KESTREL_COMMIT where the tree was copied without its
+    history, else git's HEAD; None outside a repository."""
+    if os.environ.get("KESTREL_COMMIT"):
+        return os.environ["KESTREL_COMMIT"]
+    import subprocess
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 # The environment switches that change which kernels run (and so what a benchmark measures).
 KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_GEMV_SWEEP", "KESTREL_PDL")
 

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.results import recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
 DEFAULT_PRESETS = ["test-a", "test-b", "tiny"] + QWEN
@@ -543,7 +543,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     R = {"device": be.device_name, "device_props": be.device_props,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_engine.py", sys.argv[1:]),
+         "command": recorded_command("scripts/bench_engine.py", sys.argv[1:]), "commit": measured_commit(),
          "cupy": cp.__version__, "numpy": np.__version__,
          "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion(),
          "presets": []}

@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 if __name__ == "__main__":   # compile every CUDA-core shape of fma_sweep (before kestrel.ops.linear is imported)
     import os
     os.environ.setdefault("KESTREL_GEMV_SWEEP", "1")
-from kestrel.results import recorded_command  # noqa: E402
+from kestrel.results import measured_commit, recorded_command  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
@@ -527,7 +527,7 @@ def main():
     l2 = int(props.get("l2CacheSize", 60 << 20))
     R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_projections.py", sys.argv[1:]),
+         "command": recorded_command("scripts/bench_projections.py", sys.argv[1:]), "commit": measured_commit(),
          "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
          "engine_bf16_gemv": linear.BF16_GEMV, "tc_variant": list(linear.TC_VARIANT),

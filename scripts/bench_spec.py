@@ -31,9 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,20 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 import kestrel  # noqa: E402
 from kestrel import spec  # noqa: E402
-from kestrel.results import recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
-
-
-def git_commit():
-    """The commit measured: KESTREL_COMMIT when the tree was copied without its history."""
-    if os.environ.get("KESTREL_COMMIT"):
-        return os.environ["KESTREL_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except Exception:
-        return None
 
 
 def log(msg):
@@ -295,7 +282,7 @@ def main(argv=None):
     t0 = time.time()
     d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
          "command": recorded_command("scripts/bench_spec.py", argv if argv is not None else sys.argv[1:]),
-         "commit": git_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
+         "commit": measured_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
     d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
     if not args.skip_tiny:
         d["tiny"] = bench_tiny(args)

@@ -49,3 +49,15 @@ def test_a_run_under_another_gemv_writes_its_own_results(monkeypatch):
     assert stem("bench_engine") == "bench_engine"
     monkeypatch.setattr(linear, "BF16_GEMV", "tmb")
     assert stem("bench_engine") == "bench_engine_tmb"
+
+
+def test_measured_commit_names_the_tree(monkeypatch):
+    """A benchmark records the commit it measured: KESTREL_COMMIT where the tree came without its
+    history, else the repository's HEAD."""
+    from kestrel.results import measured_commit
+    monkeypatch.setenv("KESTREL_COMMIT", "abc1234")
+    assert measured_commit() == "abc1234"
+    monkeypatch.delenv("KESTREL_COMMIT")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert measured_commit() == head.stdout.strip()
