@@ -529,7 +529,7 @@ template <int NW, int KC, int ST, int EPI>
 __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,
                                               float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,
                                               int ks, float4* __restrict__ part, int* __restrict__ count) {
-    static_assert(TMB_CG % KC == 0, "a stage lies inside one chain group");
+    static_assert(KC % 32 == 0 && TMB_CG % KC == 0, "a stage is whole 32-k blocks inside one chain group");
     constexpr int XP = 4 * KC + 16;    // x row pitch in shared memory (≡ 16 mod 128: no bank conflicts)
     constexpr int TB = 32 * KC;        // one tile's stage
     constexpr int WB = NW * TB, SB = WB + 8 * XP;
