@@ -565,9 +565,11 @@ def main():
             traceback.print_exc()
             R["gemv_sweep_error"] = repr(e)
 
+    name = results_stem("bench_engine")
+
     def save():
-        (out / f"{results_stem('bench_engine')}.json").write_text(json.dumps(R, indent=1, default=float))
-        (out / f"{results_stem('bench_engine')}.md").write_text(render_md(R))
+        (out / f"{name}.json").write_text(json.dumps(R, indent=1, default=float))
+        (out / f"{name}.md").write_text(render_md(R))
 
     rng = np.random.default_rng(0)
     presets = [p for p in a.presets.split(",") if p]

@@ -362,7 +362,7 @@ def profile_once(shape, ms=(1, 4)):
         launches.append(("fma", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="fma")))
         for v in linear.TC_VARIANTS:
             launches.append((f"tensor {v}", M, linear.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
-        if linear.tmb_eligible(w, K, x, K):
+        if tiled is not None:
             launches.append(("tmb", M, linear.gemv_tmb_launch(w, tiled, x, y, M, K, K, N, epi, half)))
     for name, M, launch in launches:
         L.go(launch, be.stream)
@@ -475,14 +475,10 @@ def render_md(R: dict) -> str:
               "| M | kestrel (engine) | ÷ M=1 | tmb | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |",
               "|---|---|---|---|---|---|---|---|"]
         from kestrel.sizes import projection_step_ms
-        tot = {}
-        steps = {k: projection_step_ms(R, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")}
+        steps = [projection_step_ms(R, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")]
+        rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3   # the same for every M
         for M in MS:
-            e, t, c = steps[R["engine_bf16_gemv"]][M], steps["tmb"][M], steps["cublas"][M]
-            rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3
-            tot[M] = (e, t, c)
-            L.append(f"| {M} | {e:.2f} | {e / tot[1][0]:.3f} | {t:.2f} | {t / tot[1][1]:.3f} | {c:.2f} | "
-                     f"{c / tot[1][2]:.3f} | {rd:.2f} |")
+            L.append(f"| {M} | " + " | ".join(f"{st[M]:.2f} | {st[M] / st[1]:.3f}" for st in steps) + f" | {rd:.2f} |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
           "(kestrel/ops/linear.py, BF16_GEMV)."]
     return "\n".join(L) + "\n"
