@@ -1,5 +1,5 @@
 // kernels/linear.cu: dense projection for a few rows, y = x · Wᵀ (NumPy twin and launchers:
-// kestrel/ops/linear.py). Three kernels compute it; kestrel/ops/linear.py says which one runs.
+// kestrel/ops/linear.py). Four kernels compute it; kestrel/ops/linear.py says which one runs.
 //
 // Math (both)  y[m, n] = Σ_k W[n, k] · x[m, k] with fp32 accumulation; x, y fp32; W bf16 (raw bits)
 //              or fp32. Epilogue EPI: 0 store y = s; 1 accumulate y = y + s (the residual add);
@@ -467,9 +467,10 @@ GEMV_TC_KSS(2, 2, 2)
 //          restarted at each chain group of TMB_CG k (a whole number of stages; the last may be
 //          short): acc = acc + (D_hi + (D_mid + D_lo)).
 // Layout   W tiled (linear.tmb_tiled): per tile of 16 rows (EPI 2: 8 gate rows, then their 8 up rows),
-//          per 32-k block kb, 1 KB = [h = 0, 1][lane = 4g + t] uint4, the 8 bf16 of tile row g + 8h at
-//          k = 32kb + 8t .. +7 (the K permutation of gemv_tc, so lane (g, t)'s two uint4 are its A
-//          fragment for two mma steps). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
+//          per 32-k block kb, 1 KB = [s = 0, 1][lane = 4g + t] uint4 = lane (g, t)'s A fragment for mma
+//          step s, in the order the mma reads its four registers: words (q, h) = (0, 0), (0, 1), (1, 0),
+//          (1, 1), word (q, h) the 2 bf16 of tile row g + 8h at k = 32kb + 8t + 4s + 2q + (0, 1) (the K
+//          permutation of gemv_tc). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
 //          x [M, ldx] fp32 as the model writes it.
 // Launch   block = NW warps = NW tiles (warp w: tile NW·blockIdx.x + w) × one K part (blockIdx.z of ks,
 //          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8 activation rows (blockIdx.y). Each stage of KC k
@@ -490,6 +491,74 @@ GEMV_TC_KSS(2, 2, 2)
 //          by K, TMB_CG and ks alone (linear.tmb_ksplit): NW, KC, ST, N and M change nothing, so row
 //          m of an M-row launch is bit-identical to that row alone, and a row of a stacked matrix to
 //          that row in its own matrix.
+// The pieces gemv_tmb and gemv_tmr share, so that both compute a row in one order.
+// One split unit: lane l = (g, t)'s two float4 of activation row g at k = 32kb + 8t .. +7 -> its B
+// fragments for both mma steps of 32-k block kb and the three terms, [j][l] uint4 for j = 0, 1, 2.
+__device__ __forceinline__ void tmb_split_unit(const float4& u, const float4& v, uint4* __restrict__ dst) {
+    unsigned w[12];
+    split3(u.x, u.y, w[0], w[2], w[4]);    // mma step 0: slots 2t, 2t+1 (hi, mid, lo)
+    split3(u.z, u.w, w[1], w[3], w[5]);    //      slots 2t+8, 2t+9
+    split3(v.x, v.y, w[6], w[8], w[10]);   // mma step 1
+    split3(v.z, v.w, w[7], w[9], w[11]);
+    dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+    dst[32] = make_uint4(w[4], w[5], w[6], w[7]);
+    dst[64] = make_uint4(w[8], w[9], w[10], w[11]);
+}
+
+// One 32-k block of one tile: f0, f1 = the lane's A fragments for mma steps 0 and 1 (tmb_tiled's
+// two uint4), bs = its split activations (tmb_split_unit's dst); the three chains, step 0 then 1.
+__device__ __forceinline__ void tmb_kblock(float (&dh)[4], float (&dm)[4], float (&dl)[4], const uint4& f0,
+                                           const uint4& f1, const uint4* __restrict__ bs) {
+    const uint4 x0 = bs[0], x1 = bs[32], x2 = bs[64];
+    mma_bf16_16816(dh, f0.x, f0.y, f0.z, f0.w, x0.x, x0.y);
+    mma_bf16_16816(dm, f0.x, f0.y, f0.z, f0.w, x0.z, x0.w);
+    mma_bf16_16816(dl, f0.x, f0.y, f0.z, f0.w, x1.x, x1.y);
+    mma_bf16_16816(dh, f1.x, f1.y, f1.z, f1.w, x1.z, x1.w);
+    mma_bf16_16816(dm, f1.x, f1.y, f1.z, f1.w, x2.x, x2.y);
+    mma_bf16_16816(dl, f1.x, f1.y, f1.z, f1.w, x2.z, x2.w);
+}
+
+// A chain group ends: fold its three chains into the sum and restart them.
+__device__ __forceinline__ void tmb_fold(float (&acc)[4], float (&dh)[4], float (&dm)[4], float (&dl)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
+        dh[i] = dm[i] = dl[i] = 0.0f;
+    }
+}
+
+// A tile's K part is summed (acc): with ks > 1 write it to the scratch, and the last of the tile's
+// ks parts to arrive adds them in index order; then the epilogue. Called by whole warps.
+template <int EPI>
+__device__ __forceinline__ void tmb_finish(float (&acc)[4], float* __restrict__ Y, int ldy, int N, int ntiles,
+                                           int ks, int tile, int m0, int mc, float4* __restrict__ part,
+                                           int* __restrict__ count) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    if (ks > 1) {
+        const int slot = blockIdx.y * ntiles + tile;
+        const i64 stride = (i64)gridDim.y * ntiles * 32;   // one part
+        part[blockIdx.z * stride + (i64)slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __threadfence();   // each lane's part is visible device-wide before the tile's count moves
+        __syncwarp();
+        int prev = 0;
+        if (lane == 0) {
+            prev = atomicAdd(count + slot, 1);
+            __threadfence();
+        }
+        __syncwarp();
+        prev = __shfl_sync(0xffffffffu, prev, 0);
+        if (prev != ks - 1) return;   // not the last part of this tile to finish
+        float4 v = __ldcg(part + (i64)slot * 32 + lane);
+        for (int q = 1; q < ks; ++q) {
+            const float4 u = __ldcg(part + q * stride + (i64)slot * 32 + lane);
+            v.x = v.x + u.x; v.y = v.y + u.y; v.z = v.z + u.z; v.w = v.w + u.w;
+        }
+        acc[0] = v.x; acc[1] = v.y; acc[2] = v.z; acc[3] = v.w;
+        if (lane == 0) count[slot] = 0;   // ready for the next launch
+    }
+    tc_store<EPI>(Y, ldy, N, tile * (EPI == 2 ? 8 : 16) + g, m0, mc, t, acc);
+}
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 // Bulk copies and transaction mbarriers need sm_90: older GPUs get a stub (linear.tmb_eligible never
 // picks gemv_tmb there), so the rest of this file still compiles for them.
@@ -596,28 +665,13 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 u = *(const float4*)xr;
                 v = *(const float4*)(xr + 16);
             }
-            unsigned w[12];
-            split3(u.x, u.y, w[0], w[2], w[4]);    // mma step 0: slots 2t, 2t+1 (hi, mid, lo)
-            split3(u.z, u.w, w[1], w[3], w[5]);    //      slots 2t+8, 2t+9
-            split3(v.x, v.y, w[6], w[8], w[10]);   // mma step 1
-            split3(v.z, v.w, w[7], w[9], w[11]);
-            uint4* dst = (uint4*)(xsplit + 1536 * kb) + l;
-            dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-            dst[32] = make_uint4(w[4], w[5], w[6], w[7]);
-            dst[64] = make_uint4(w[8], w[9], w[10], w[11]);
+            tmb_split_unit(u, v, (uint4*)(xsplit + 1536 * kb) + l);
         }
         __syncthreads();
-        auto kblock = [&](int kb) {   // tc_chunk's chains, mma step 0 then 1, fed from xsplit
-            const uint4 a = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // tile row g
-            const uint4 b = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // tile row g + 8
-            const uint4* bs = (const uint4*)(xsplit + 1536 * kb) + lane;
-            const uint4 x0 = bs[0], x1 = bs[32], x2 = bs[64];
-            mma_bf16_16816(dh, a.x, b.x, a.y, b.y, x0.x, x0.y);
-            mma_bf16_16816(dm, a.x, b.x, a.y, b.y, x0.z, x0.w);
-            mma_bf16_16816(dl, a.x, b.x, a.y, b.y, x1.x, x1.y);
-            mma_bf16_16816(dh, a.z, b.z, a.w, b.w, x1.z, x1.w);
-            mma_bf16_16816(dm, a.z, b.z, a.w, b.w, x2.x, x2.y);
-            mma_bf16_16816(dl, a.z, b.z, a.w, b.w, x2.z, x2.w);
+        auto kblock = [&](int kb) {   // fed from xsplit
+            const uint4 f0 = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // mma step 0
+            const uint4 f1 = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // mma step 1
+            tmb_kblock(dh, dm, dl, f0, f1, (const uint4*)(xsplit + 1536 * kb) + lane);
         };
         if (warp < nt) {
             if (nkbs == KC / 32) {
@@ -627,39 +681,11 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 for (int kb = 0; kb < nkbs; ++kb) kblock(kb);
             }
         }
-        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) {   // a chain group ends: fold it, restart
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                acc[i] = acc[i] + (dh[i] + (dm[i] + dl[i]));
-                dh[i] = dm[i] = dl[i] = 0.0f;
-            }
-        }
+        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) tmb_fold(acc, dh, dm, dl);   // a chain group ends
         __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
     if (warp >= nt) return;
-    if (ks > 1) {
-        const int slot = blockIdx.y * ntiles + tile;
-        const i64 stride = (i64)gridDim.y * ntiles * 32;   // one part
-        part[z * stride + (i64)slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        __threadfence();   // each lane's part is visible device-wide before the tile's count moves
-        __syncwarp();
-        int prev = 0;
-        if (lane == 0) {
-            prev = atomicAdd(count + slot, 1);
-            __threadfence();
-        }
-        __syncwarp();
-        prev = __shfl_sync(0xffffffffu, prev, 0);
-        if (prev != ks - 1) return;   // not the last part of this tile to finish
-        float4 v = __ldcg(part + (i64)slot * 32 + lane);
-        for (int q = 1; q < ks; ++q) {
-            const float4 u = __ldcg(part + q * stride + (i64)slot * 32 + lane);
-            v.x = v.x + u.x; v.y = v.y + u.y; v.z = v.z + u.z; v.w = v.w + u.w;
-        }
-        acc[0] = v.x; acc[1] = v.y; acc[2] = v.z; acc[3] = v.w;
-        if (lane == 0) count[slot] = 0;   // ready for the next launch
-    }
-    tc_store<EPI>(Y, ldy, N, tile * (EPI == 2 ? 8 : 16) + g, m0, mc, t, acc);
+    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, part, count);
 }
 #endif
 
@@ -672,3 +698,127 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     }
 #define GEMV_TMB(NW, KC, ST) GEMV_TMB_KERNEL(NW, KC, ST, 0) GEMV_TMB_KERNEL(NW, KC, ST, 1) GEMV_TMB_KERNEL(NW, KC, ST, 2)
 GEMV_TMB_VARIANTS
+
+// ==== gemv_tmr_*: tensor cores fed straight from tiled weights into registers (no copies, no ring) ==
+//
+// Math     and Order: gemv_tmb's, through the same helpers (tmb_split_unit, tmb_kblock, tmb_fold,
+//          tmb_finish): chain groups of TMB_CG k from each K part's start, parts by tmb_ksplit,
+//          so for the same tiled weights a row is bit-identical to gemv_tmb's (a GPU test checks).
+// Layout   tmb_tiled's: lane (g, t)'s A fragments of 32-k block kb are the uint4 at 1024kb + 16·lane
+//          (mma step 0) and + 512 (step 1) of its tile, so one warp load reads 512 contiguous
+//          bytes and lands in the four registers the mma reads.
+// Launch   block = T + 1 warps × one K part (blockIdx.z) × 8 activation rows (blockIdx.y). Warps
+//          0..T−1 take tiles T·blockIdx.x + w and only load weights and multiply; warp T splits the
+//          activations. A compute warp walks its K part in stages of P 32-k blocks through two
+//          register buffers: the first mma of stage s waits for its loads (a GPU waits for all of
+//          a warp's outstanding global loads at once), and only then are stage s + 1's loads issued
+//          into the other buffer, so the warp always has P KB in flight and never waits for a load
+//          it has just issued. The splitting warp keeps its own loads (activations, one chain group
+//          ahead) apart for the same reason. Per chain group (TMB_CG k) it splits group j + 1 into
+//          one half of a double buffer in shared memory (2 × TMB_CG/32 × 1536 bytes; only the M
+//          real rows are written, the rest zeroed once) while the others multiply group j from the
+//          other half; one barrier a group. Stage 0's weights are loaded before griddep_wait().
+template <int T, int P, int EPI>
+__device__ __forceinline__ void gemv_tmr_body(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,
+                                              float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,
+                                              int ks, float4* __restrict__ part, int* __restrict__ count) {
+    constexpr int G = TMB_CG / 32;                   // 32-k blocks a chain group
+    constexpr int SPG = G / P;                       // stages a chain group
+    static_assert(G % P == 0, "a chain group is a whole number of stages");
+    __shared__ __align__(16) uint4 xs[2][G][96];     // [buffer][kb][j·32 + lane]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool splitter = warp == T;
+    const int tile = blockIdx.x * T + warp;
+    const bool live = !splitter && tile < ntiles;
+    const int m0 = blockIdx.y * 8, mc = min(8, M - m0);
+    const int nkb = K / 32, z = blockIdx.z;
+    const int kb0 = (int)((i64)z * nkb / ks), nkbp = (int)((i64)(z + 1) * nkb / ks) - kb0;
+    const int ngr = (nkbp + G - 1) / G;
+    const uint4* wp = (const uint4*)W + ((i64)(live ? tile : 0) * nkb + kb0) * 64 + lane;
+
+    uint4 wa[P][2], wb[P][2];                        // stage s lives in wa if s is even, else wb
+    auto load_stage = [&](int s, uint4 (&w)[P][2]) {
+#pragma unroll
+        for (int v = 0; v < P; ++v)
+            if (s * P + v < nkbp) {
+                w[v][0] = tc_ld16(wp + 64 * (s * P + v));
+                w[v][1] = tc_ld16(wp + 64 * (s * P + v) + 32);
+            }
+    };
+    if (live) load_stage(0, wa);
+    for (int i = threadIdx.x; i < 2 * G * 96; i += 32 * (T + 1)) (&xs[0][0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
+    griddep_launch();
+    griddep_wait();
+
+    // The splitting warp's units of a group: unit p = lane + 32q is (32-k block p / (4 mc), lane p % (4 mc)).
+    const int nunits = G * 4 * mc;
+    float4 xu[G], xv[G];
+    auto load_x = [&](int j) {
+#pragma unroll
+        for (int q = 0; q < G; ++q) {
+            const int p = lane + 32 * q, kb = p / (4 * mc), l = p - kb * 4 * mc;
+            if (p < nunits && G * j + kb < nkbp) {
+                const float* xr = X + (i64)(m0 + (l >> 2)) * ldx + 32 * (kb0 + G * j + kb) + 8 * (l & 3);
+                xu[q] = __ldg((const float4*)xr);
+                xv[q] = __ldg((const float4*)xr + 1);
+            }
+        }
+    };
+    auto split_x = [&](int j) {
+#pragma unroll
+        for (int q = 0; q < G; ++q) {
+            const int p = lane + 32 * q, kb = p / (4 * mc), l = p - kb * 4 * mc;
+            if (p < nunits && G * j + kb < nkbp) tmb_split_unit(xu[q], xv[q], &xs[j & 1][kb][l]);
+        }
+    };
+    __syncthreads();                                 // the zeros are in before any unit lands
+    if (splitter) {
+        load_x(0);
+        split_x(0);
+        if (ngr > 1) load_x(1);
+    }
+    __syncthreads();
+
+    if (!live) {                                     // the same number of barriers as below
+        for (int j = 0; j < ngr; ++j) {
+            if (splitter && j + 1 < ngr) {
+                split_x(j + 1);                      // loaded a group ago
+                if (j + 2 < ngr) load_x(j + 2);
+            }
+            __syncthreads();                         // group j read and group j + 1 written by all
+        }
+        return;
+    }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float dh[4] = {}, dm[4] = {}, dl[4] = {};
+    auto stage = [&](int s, uint4 (&cur)[P][2], uint4 (&nxt)[P][2], const uint4* xsb) {
+#pragma unroll
+        for (int u = 0; u < P; ++u) {
+            if (s * P + u < nkbp) tmb_kblock(dh, dm, dl, cur[u][0], cur[u][1], xsb + 96 * u + lane);
+            if (u == 0) load_stage(s + 1, nxt);      // after the first mma, which waited for cur
+        }
+    };
+    for (int j = 0; j < ngr; ++j) {
+#pragma unroll
+        for (int q = 0; q < SPG; ++q) {
+            const int s = j * SPG + q;
+            if (s * P < nkbp) {
+                if (s & 1) stage(s, wb, wa, &xs[j & 1][q * P][0]);
+                else stage(s, wa, wb, &xs[j & 1][q * P][0]);
+            }
+        }
+        tmb_fold(acc, dh, dm, dl);
+        __syncthreads();
+    }
+    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, part, count);
+}
+
+#define GEMV_TMR_KERNEL(T, P, EPI)                                                                                    \
+    extern "C" __global__ void __launch_bounds__((T + 1) * 32)                                                        \
+        gemv_tmr_t##T##_p##P##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,             \
+                                      float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles, int ks,        \
+                                      float4* __restrict__ part, int* __restrict__ count) {                           \
+        gemv_tmr_body<T, P, EPI>(W, X, ldx, Y, ldy, N, K, M, ntiles, ks, part, count);                               \
+    }
+#define GEMV_TMR(T, P) GEMV_TMR_KERNEL(T, P, 0) GEMV_TMR_KERNEL(T, P, 1) GEMV_TMR_KERNEL(T, P, 2)
+GEMV_TMR_VARIANTS

@@ -230,6 +230,9 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
          "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
          "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K),
          "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
+    if linear.tmb_eligible(Ws[0], K, x, K):   # which tiled kernel the engine runs here, and its shape
+        kind, shape = linear.tmb_kernel(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K))
+        R["tmb_kernel"] = [kind, list(shape)]
 
     t0 = time.time()
     # tmb only where the engine would run it (elsewhere gemv_launch would fall back to fma)
@@ -246,13 +249,16 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     best = min(rd, key=lambda v: rd[v]["us"])
     R["read"] = dict(rd[best], variant=best, GBps=gbps(rd[best]))
 
-    def ours(kernel, M, variant=None, ks=None, fma=None, tmb=None):
+    def ours(kernel, M, variant=None, ks=None, fma=None, tmb=None, tmr=None):
         launches = []
         for i in range(per_graph):
             w = Ws[i % nbuf]
             if tmb is not None:
                 launches.append(linear.gemv_tmb_launch(w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
                                                        shape=tmb, ks=ks))
+            elif tmr is not None:
+                launches.append(linear.gemv_tmr_launch(w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
+                                                       shape=tmr, ks=ks))
             elif variant is None:
                 launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel, fma=fma,
                                                    tiled=Wts[i % nbuf] if kernel == "tmb" else None))
@@ -307,6 +313,13 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
                     r[f"M{M}_us"] = ours("tmb", M, ks=ks, tmb=shape)["us"]
                 R["tmb_sweep"].append(r)
                 log(f"  tmb NW,KC,ST={shape} ks={ks}: " + " ".join(f"M={M} {r[f'M{M}_us']:.1f} us" for M in (1, 4, 8)))
+        R["tmr_sweep"] = []
+        for shape in linear.TMR_SHAPES if "tmb" in kernels else ():
+            r = {"shape": list(shape), "ksplit": linear.tmb_ksplit(K)}
+            for M in (1, 4, 8):
+                r[f"M{M}_us"] = ours("tmb", M, tmr=shape)["us"]
+            R["tmr_sweep"].append(r)
+            log(f"  tmr T,P={shape}: " + " ".join(f"M={M} {r[f'M{M}_us']:.1f} us" for M in (1, 4, 8)))
     del Ws, Wts, tw, xb
     cp.get_default_memory_pool().free_all_blocks()
     if torch is not None:
@@ -393,8 +406,9 @@ def render_md(R: dict) -> str:
                  f"read bandwidth, {fl['ms_copy']:.2f} ms at the copy bandwidth.")
     L += ["", "Time of one projection (µs, median) and weight bytes ÷ time (GB/s). *read*: the streaming-read kernel "
           "over the same weight buffers (the floor at that size). *fma*: kestrel's CUDA-core GEMV; *tensor*: its "
-          "register-staged tensor-core GEMV; *tmb*: its tensor-core GEMV fed by bulk copies from tiled weights (all "
-          "three batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 activations and "
+          "register-staged tensor-core GEMV; *tmb*: its tensor-core GEMVs on tiled weights, as the engine runs them "
+          "(per matrix gemv_tmb, fed by bulk copies, or gemv_tmr, fed straight into registers: same bits; the "
+          "sweeps below say which) (all three batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 activations and "
           "output, no epilogue. A ratio < 1: kestrel faster.", "",
           "| shape | M | read | fma | tensor | tmb | cuBLAS | engine ÷ cuBLAS | tmb ÷ cuBLAS | tmb ÷ fma | cuBLAS row 0 = M=1 |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -451,9 +465,23 @@ def render_md(R: dict) -> str:
                 if q is None:
                     cells.append("—")
                     continue
-                mark = "**" if (list(shape) == s["tmb_shape"] and ks == s["tmb_ksplit"]) else ""
+                mark = "**" if (s.get("tmb_kernel", ["tmb", s["tmb_shape"]]) == ["tmb", list(shape)]
+                                and ks == s["tmb_ksplit"]) else ""
                 cells.append(f"{mark}{q['M1_us']:.1f} / {q['M4_us']:.1f} / {q['M8_us']:.1f}{mark}")
             L.append(f"| {','.join(map(str, shape))} | {ks} | " + " | ".join(cells) + " |")
+    rs = [s for s in R["shapes"] if s.get("tmr_sweep")]
+    if rs:
+        L += ["", "tmr shapes (gemv_tmr: T tiles a block, each a compute warp with P KB of weights in flight, "
+              "plus one warp that splits the activations; ks as tmb's); µs at M = 1 / 4 / 8; the engine's "
+              "choice in bold (where it picks gemv_tmr).", "",
+              "| T,P | " + " | ".join(s["shape"] for s in rs) + " |", "|---|" + "---|" * len(rs)]
+        for i, r in enumerate(rs[0]["tmr_sweep"]):
+            cells = []
+            for s in rs:
+                q = s["tmr_sweep"][i]
+                mark = "**" if s.get("tmb_kernel") == ["tmr", q["shape"]] else ""
+                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M4_us']:.1f} / {q['M8_us']:.1f}{mark}")
+            L.append(f"| {','.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
     fs = [s for s in R["shapes"] if s.get("fma_sweep")]
     if fs:
         L += ["", "CUDA-core shapes: MT activation rows a block, RR weight rows a warp group, PF register stages; "

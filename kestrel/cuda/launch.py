@@ -93,6 +93,19 @@ def smem(fn, nbytes: int, what: str) -> int:
     return nbytes
 
 
+_OCCUPANCY: dict = {}
+
+
+def blocks_per_sm(fn, threads: int, nbytes: int = 0) -> int:
+    """How many blocks of `threads` threads (and `nbytes` of dynamic shared memory) of kernel fn
+    one multiprocessor holds at once (the driver's occupancy query, asked once per shape)."""
+    key = (id(fn), threads, nbytes)
+    if key not in _OCCUPANCY:
+        import cupy as cp
+        _OCCUPANCY[key] = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, nbytes))
+    return _OCCUPANCY[key]
+
+
 def go(launch, stream):
     """Launch one (fn, grid, block, args, smem) now, on `stream`."""
     fn, grid, block, args, sm = launch

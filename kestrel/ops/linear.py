@@ -7,13 +7,16 @@ exactly ROWS rows (zero padded): one GEMM shape for every call, so a row's resul
 depends on how many rows came with it. On the GPU, kernels/linear.cu sums each row in an
 order fixed by K alone (its header says how).
 
-Three GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
-and, for bf16 weights, two tensor-core GEMVs: "tensor" (mma.sync with activation rows padded to
+GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
+and, for bf16 weights, tensor-core GEMVs: "tensor" (mma.sync with activation rows padded to
 8 columns, x split exactly into three bf16 terms, so its cost and its arithmetic do not depend
-on M) and "tmb" (the same arithmetic fed by bulk copies from weights stored tiled in fragment
-order, tmb_tiled, a block's tiles sharing one copy of the activations; the engine keeps one tiled
-copy per matrix beside the original, CUDABackend.tiled, about the weights' size again; sm_90 and
-later). BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
+on M) and "tmb" (the same arithmetic on weights stored tiled in fragment order, tmb_tiled; the
+engine keeps one tiled copy per matrix beside the original, CUDABackend.tiled, about the weights'
+size again; sm_90 and later). "tmb" is two kernels with one order, so one set of bits, and
+tmb_kernel picks one per matrix: gemv_tmr, each warp loading its tile's weights straight into
+registers with P KB in flight, where its warps hold the whole matrix at once, and gemv_tmb, fed by
+bulk copies into shared memory, for matrices of many waves (the 27B gate|up, the head).
+BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
 matrices whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take
 the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
 elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; they differ
@@ -55,6 +58,10 @@ TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
+# gemv_tmr: (T tiles = compute warps a block, P 32-k blocks of weights a warp keeps in flight). The
+# same tiled weights, K split and order as gemv_tmb, so the same bits: "tmb" picks one of the two
+# kernels per matrix (tmb_kernel), which changes only the speed.
+TMR_SHAPES = ((8, 8), (4, 8), (2, 8), (8, 4), (4, 4), (2, 4), (1, 8))
 
 
 def _instantiations(kind: str, shapes) -> str:
@@ -66,7 +73,8 @@ _TMB = sorted({*TMB_SHAPES, *(TMB_SWEEP if _SWEEP else ())})
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
                 "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
                 "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
-                "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB)}
+                "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB),
+                "GEMV_TMR_VARIANTS": " ".join(f"GEMV_TMR({t},{p})" for t, p in TMR_SHAPES)}
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
 BF16_GEMVS = ("fma", "tensor", "tmb")
@@ -171,8 +179,9 @@ def tmb_tiles(rows: int, epilogue: str = "store", half: int = 0) -> int:
 def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
     """W [rows, K] bf16 bits (NumPy or CuPy) -> the same array module's [tiles·16, K] uint16 array
     whose bytes are gemv_tmb's layout: tile T (rows 16T.. of W, or for swiglu the gate rows 8T..
-    then the up rows half + 8T..; zero rows past the end), 32-k block kb, h, g, t -> the 8 values
-    W[row g + 8h of the tile, 32kb + 8t .. +7]."""
+    then the up rows half + 8T..; zero rows past the end), 32-k block kb, mma step s, g, t, then
+    (q, h, j) -> W[row g + 8h of the tile, 32kb + 8t + 4s + 2q + j]: lane (g, t)'s 16 bytes of
+    step s are its A fragment, the four registers in the order the mma reads them."""
     xp = np if isinstance(W, np.ndarray) else importlib.import_module("cupy")
     if K % 32 or W.shape[1] != K:
         raise ValueError(f"tmb_tiled: K {K} must be the row length ({W.shape[1]}) and a multiple of 32")
@@ -186,7 +195,7 @@ def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
     else:
         rows = xp.zeros((T * 16, K), xp.uint16)
         rows[:W.shape[0]] = W
-    t = rows.reshape(T, 2, 8, K // 32, 4, 8).transpose(0, 3, 1, 2, 4, 5)
+    t = rows.reshape(T, 2, 8, K // 32, 4, 2, 2, 2).transpose(0, 3, 5, 2, 4, 6, 1, 7)   # [T][kb][s][g][t][q][h][j]
     return xp.ascontiguousarray(t).reshape(T * 16, K)
 
 
@@ -253,6 +262,52 @@ def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue
     return fn, (L.cdiv(T, nw), gy, ks), (32 * nw,), args, sm
 
 
+def gemv_tmr_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
+                    shape: tuple | None = None, ks: int | None = None):
+    """(fn, grid, block, args, smem) of gemv_tmr, gemv_tmb's arithmetic with the weights loaded
+    straight into registers: the same arguments and tiled weights as gemv_tmb_launch.
+    shape (T, P) and ks: benchmarks only (defaults: tmr_shape, tmb_ksplit)."""
+    if not tmb_eligible(W, K, X, ldx):
+        raise ValueError(f"gemv_tmr needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
+                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
+    ks = ks or tmb_ksplit(K)
+    if ks not in TMB_KSPLITS or ks > K // 32:
+        raise ValueError(f"gemv_tmr K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
+    epi = EPI[epilogue]
+    T = tmb_tiles(W.shape[0], epilogue, half)
+    t, p = shape or tmr_shape(T, ks)
+    if (t, p) not in TMR_SHAPES:
+        raise ValueError(f"gemv_tmr shape {(t, p)} not compiled (one of {TMR_SHAPES})")
+    if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
+        raise ValueError(f"gemv_tmr: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
+                         f"matrix ({T * 16}, {K})")
+    nout = half if epi == 2 else W.shape[0]
+    gy = L.cdiv(M, 8)
+    part, count = tmb_scratch(ks * gy * T if ks > 1 else 0)
+    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
+    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
+            L.i32(ks), L.ptr(part), L.ptr(count))
+    return fn, (L.cdiv(T, t), gy, ks), (32 * (t + 1),), args, 0
+
+
+def tmr_shape(tiles: int, ks: int) -> tuple:
+    """The engine's gemv_tmr shape: the most tiles a block (activations split once for more tiles)
+    that still gives every multiprocessor a block, at P = 8. Bits do not depend on it."""
+    return next(((t, 8) for t in (8, 4, 2) if L.cdiv(tiles, t) * ks >= _device()["sms"]), (1, 8))
+
+
+def tmb_kernel(tiles: int, ks: int) -> tuple:
+    """The engine's kernel for a tiled matrix of `tiles` tiles split ks ways: ("tmr", tmr_shape)
+    where gemv_tmr's compute warps hold every (tile, part) at once, else ("tmb", tmb_shape).
+    gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
+    wave runs its few warps alone (on the H200, 27B gate|up: 95 µs against gemv_tmb's 90); gemv_tmb,
+    whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
+    t, p = tmr_shape(tiles, ks)
+    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e0")
+    slots = _device()["sms"] * L.blocks_per_sm(fn, 32 * (t + 1)) * t
+    return ("tmr", (t, p)) if tiles * ks <= slots else ("tmb", tmb_shape(tiles, ks))
+
+
 def fma_shape(M: int) -> tuple:
     """(MT, RR, PF, UP) of the CUDA-core GEMV for an M-row launch (wider M: MT rows per grid.y)."""
     return next((v for m, v in sorted(GEMV_FMA.items()) if M <= m), GEMV_FMA[max(GEMV_FMA)])
@@ -276,7 +331,9 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
     if bf16 and which == "tmb" and tmb_eligible(W, K, X, ldx):
         if tiled is None:
             raise ValueError("bf16_gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
-        return gemv_tmb_launch(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half)
+        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), tmb_ksplit(K))
+        launch = gemv_tmr_launch if kind == "tmr" else gemv_tmb_launch
+        return launch(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, shape=shape)
     N, ldw = W.shape[0], W.strides[0] // W.itemsize
     v = 8 if bf16 else 4
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0

@@ -213,13 +213,14 @@ def test_tmb_ksplit_depends_on_k_alone():
 
 @pytest.mark.parametrize("rows,K,epilogue,half", [(37, 64, "store", 0), (42, 96, "swiglu", 21), (16, 32, "add", 0)])
 def test_tmb_tiled_layout(rng, rows, K, epilogue, half):
-    """Element (tile T, 32-k block kb, h, lane 4g + t, e) of the tiled bytes is row g + 8h of tile T
-    (swiglu: gate rows 8T.., then up rows half + 8T..) at k = 32kb + 8t + e; zero past the matrix."""
+    """Element (tile T, 32-k block kb, mma step s, lane 4g + t, q, h, j) of the tiled bytes is row
+    g + 8h of tile T (swiglu: gate rows 8T.., then up rows half + 8T..) at k = 32kb + 8t + 4s + 2q + j;
+    zero past the matrix."""
     W = rng.integers(0, 1 << 16, (rows, K)).astype(np.uint16)
     t = linear.tmb_tiled(W, K, epilogue, half)
     T = linear.tmb_tiles(rows, epilogue, half)
     assert t.shape == (T * 16, K) and t.dtype == np.uint16
-    e = t.reshape(T, K // 32, 2, 8, 4, 8)                        # [T][kb][h][g][t][e]
+    e = t.reshape(T, K // 32, 2, 8, 4, 2, 2, 2)                  # [T][kb][s][g][t][q][h][j]
     for T_ in range(T):
         for r in range(16):
             h, g = divmod(r, 8)
@@ -229,7 +230,7 @@ def test_tmb_tiled_layout(rng, rows, K, epilogue, half):
             else:
                 n = T_ * 16 + r
                 src = n if n < rows else None
-            got = e[T_, :, h, g].reshape(K)                   # k = 32kb + 8t + e in order
+            got = e[T_, :, :, g, :, :, h].transpose(0, 2, 1, 3, 4).reshape(K)   # [kb][t][s][q][j]: k in order
             assert np.array_equal(got, W[src] if src is not None else np.zeros(K, np.uint16)), (T_, r)
     with pytest.raises(ValueError, match="multiple of 32"):
         linear.tmb_tiled(W[:, :K - 8], K - 8)
@@ -278,7 +279,7 @@ _XSPLIT_READ = {0: (((0, 0), (0, 1)), ((0, 2), (0, 3)), ((1, 0), (1, 1))),
 
 def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
     """gemv_tmb's addressing traced in Python, each mma exact (float64): the tiled bytes read as
-    kernels/linear.cu reads them (stage base 32(TK + k0), lane offsets 1024kb + 512h + 16·lane),
+    kernels/linear.cu reads them (stage base 32(TK + k0), lane offsets 1024kb + 512s + 16·lane),
     the B fragments read from the block's xsplit as packed there (and checked against the three
     terms of each activation), the parts of the K split, the D-fragment stores."""
     epi = linear.EPI[epilogue]
@@ -303,11 +304,10 @@ def _tmb_trace(W, x, y0, K, epilogue, half, kc, ks):
                             A, B = np.zeros((16, 16)), [np.zeros((16, 8)) for _ in range(3)]
                             for lane in range(32):
                                 g, t = lane >> 2, lane & 3
-                                oa = base + (1024 * kb + 16 * lane) // 2
-                                a = wide(flat[oa:oa + 8])
-                                b = wide(flat[oa + 256:oa + 264])
-                                A[g, 2 * t:2 * t + 2], A[g, 2 * t + 8:2 * t + 10] = a[4 * h:4 * h + 2], a[4 * h + 2:4 * h + 4]
-                                A[g + 8, 2 * t:2 * t + 2], A[g + 8, 2 * t + 8:2 * t + 10] = b[4 * h:4 * h + 2], b[4 * h + 2:4 * h + 4]
+                                oa = base + (1024 * kb + 512 * h + 16 * lane) // 2   # step h's fragment
+                                f = wide(flat[oa:oa + 8])              # registers (a0, a1, a2, a3)
+                                A[g, 2 * t:2 * t + 2], A[g + 8, 2 * t:2 * t + 2] = f[0:2], f[2:4]
+                                A[g, 2 * t + 8:2 * t + 10], A[g + 8, 2 * t + 8:2 * t + 10] = f[4:6], f[6:8]
                                 want = _split3(x[m0 + g, k0 + 32 * kb + 8 * t + 4 * h:][:4]) if g < mc else [np.zeros(4)] * 3
                                 for B_, (j0, j1), part in zip(B, _XSPLIT_READ[h], want):
                                     for rows, (j, i) in ((slice(2 * t, 2 * t + 2), j0), (slice(2 * t + 8, 2 * t + 10), j1)):
@@ -367,10 +367,11 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
 @pytest.mark.usefixtures("poison")
 @needs_gpu
 def test_gemv_tmb_shapes(be, rng, ks):
-    """Every compiled gemv_tmb shape, every epilogue, N not a multiple of a tile, K not of a stage,
-    11 rows: vs float64, rows independent of M, the same bits for every shape (NW, KC and ST do
-    not enter a row's order: with KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split
-    counts back at zero after each launch."""
+    """Every compiled gemv_tmb shape and every gemv_tmr shape, every epilogue, N not a multiple of
+    a tile, K not of a stage or a chain group, 11 rows: vs float64, rows independent of M, the same
+    bits for every shape of both kernels (NW, KC, ST, T and P do not enter a row's order: with
+    KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split counts back at zero after each
+    launch."""
     import cupy as cp
     I, K = 45, 1056
     w, w_host = _weight(be, rng, 2 * I, K, "bf16")
@@ -381,17 +382,34 @@ def test_gemv_tmb_shapes(be, rng, ks):
                                        ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
         tiled = linear.tmb_tiled(w, K, epi, half)
         first = None
-        for shape in linear._TMB:
+        for kind, shape in [("tmb", s) for s in linear._TMB] + [("tmr", s) for s in linear.TMR_SHAPES]:
             def launcher(*a):
-                return linear.gemv_tmb_launch(a[0], tiled, *a[1:], shape=shape, ks=ks)
+                f = linear.gemv_tmb_launch if kind == "tmb" else linear.gemv_tmr_launch
+                return f(a[0], tiled, *a[1:], shape=shape, ks=ks)
             alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
                            launcher=launcher)[0] for j in range(11)]
             for m in (1, 2, 3, 4, 5, 8, 11):
                 y = _gemv(be, w, x[:m], n, epi, half, None if y_init is None else y_init[:m], launcher=launcher)
-                assert finite(y) and rel(y, want[:m]) < F32, (epi, shape, m)
+                assert finite(y) and rel(y, want[:m]) < F32, (epi, kind, shape, m)
                 for j in range(m):
-                    assert np.array_equal(y[j], alone[j]), (epi, shape, m, j)
+                    assert np.array_equal(y[j], alone[j]), (epi, kind, shape, m, j)
             assert int(cp.count_nonzero(linear.tmb_scratch()[1])) == 0
             if first is None:
                 first = y
-            assert np.array_equal(y, first), (epi, shape)
+            assert np.array_equal(y, first), (epi, kind, shape)
+
+
+@needs_gpu
+def test_tmb_kernel_rule(be):
+    """The engine's pick between the two tiled kernels: gemv_tmr while its compute warps hold every
+    (tile, part) at once, gemv_tmb beyond; each pick is a compiled shape."""
+    sms = be.device_props["sm_count"]
+    for tiles, ks in ((3, 1), (320, 3), (1030, 1), (2176, 1), (15520, 1), (10 ** 5, 1)):
+        kind, shape = linear.tmb_kernel(tiles, ks)
+        t, p = linear.tmr_shape(tiles, ks)
+        fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e0")
+        slots = sms * L.blocks_per_sm(fn, 32 * (t + 1)) * t
+        assert slots >= sms
+        assert (kind == "tmr") == (tiles * ks <= slots), (tiles, ks, kind, slots)
+        assert shape in (linear.TMR_SHAPES if kind == "tmr" else linear._TMB)
+    assert linear.tmb_kernel(3, 1)[0] == "tmr" and linear.tmb_kernel(10 ** 5, 1)[0] == "tmb"
