@@ -98,11 +98,18 @@ _OCCUPANCY: dict = {}
 
 def blocks_per_sm(fn, threads: int, nbytes: int = 0) -> int:
     """How many blocks of `threads` threads (and `nbytes` of dynamic shared memory) of kernel fn
-    one multiprocessor holds at once (the driver's occupancy query, asked once per shape)."""
+    one multiprocessor holds at once: the fewest that its registers (allocated 256 a warp), warps,
+    shared memory (1 KB reserved a block) and block slots allow. Computed once per shape."""
     key = (id(fn), threads, nbytes)
     if key not in _OCCUPANCY:
         import cupy as cp
-        _OCCUPANCY[key] = int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, nbytes))
+        p = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        warps = cdiv(threads, 32)
+        regs = cdiv(fn.num_regs * 32, 256) * 256
+        _OCCUPANCY[key] = min(p["regsPerMultiprocessor"] // regs // warps,
+                              p["maxThreadsPerMultiProcessor"] // 32 // warps,
+                              p["sharedMemPerMultiprocessor"] // (fn.shared_size_bytes + nbytes + 1024),
+                              p.get("maxBlocksPerMultiProcessor", 32))
     return _OCCUPANCY[key]
 
 
