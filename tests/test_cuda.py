@@ -278,8 +278,8 @@ def test_tiny_six_starts_on_gpu_match_cpu_and_the_record():
 
 
 def test_tmb_engine(rng, monkeypatch):
-    """The engine on the bulk-copy tensor-core GEMV (what KESTREL_BF16_GEMV=tmb selects): its plans
-    launch gemv_tmb, the rows of step_m equal single steps bit for bit, and greedy decoding keeps
+    """The engine on the tiled-weight tensor-core GEMVs (what KESTREL_BF16_GEMV=tmb selects): its plans
+    launch gemv_tmb or gemv_tmr and never the CUDA-core bf16 GEMV, the rows of step_m equal single steps bit for bit, and greedy decoding keeps
     the CPU engine's stream."""
     from kestrel.ops import linear
     if linear._device()["cc"] < 90:
@@ -297,7 +297,7 @@ def test_tmb_engine(rng, monkeypatch):
     assert np.array_equal(host(sa.logits), np.stack([host(r.logits) for r in rows]))
     assert_same(live(a), live(b))
     names = {getattr(fn, "name", "") for p in gpu.be.plans(gpu).values() for fn, *_ in p.launches}
-    assert any(n.startswith("gemv_tmb") for n in names) and not any(n.startswith("gemv_bf16") for n in names)
+    assert any(n.startswith(("gemv_tmb", "gemv_tmr")) for n in names) and not any(n.startswith("gemv_bf16") for n in names)
     ec, eg = kestrel.Engine(cpu, max_seq=64, mmax=4), kestrel.Engine(gpu, max_seq=64, mmax=4)
     sc, sg = ec.prefill(prompt), eg.prefill(prompt)
     lc, lg = sc.logits[-1], host(sg.logits)[-1]

@@ -68,13 +68,14 @@ MS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)
 def test_gemv_kernel(be, rng, wdtype, kernel, N, K):
     """y = x·Wᵀ: vs float64 and the NumPy twin; every row of an M-row call == that row alone."""
     w, w_host = _weight(be, rng, N, K, wdtype)
-    if kernel == "tmb":        # gemv_tmb runs wherever K is in 32-k blocks (on sm_90), else the CUDA-core one
+    if kernel == "tmb":        # gemv_tmb or gemv_tmr (tmb_kernel) wherever K is in 32-k blocks (on sm_90), else fma
         x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
         tmb = linear.tmb_eligible(w, K, x0, K)
         assert tmb == (K % 32 == 0 and linear._device()["cc"] >= 90)
         fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, bf16_gemv="tmb",
                                 tiled=linear.tmb_tiled(w, K) if tmb else None)[0]
-        assert fn.name.startswith("gemv_tmb" if tmb else "gemv_bf16")
+        want = "gemv_" + linear.tmb_kernel(linear.tmb_tiles(N), linear.tmb_ksplit(K))[0] if tmb else "gemv_bf16"
+        assert fn.name.startswith(want)
     if kernel == "tensor":     # the tensor-core kernel runs wherever its loads are legal, else the CUDA-core one
         x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
         tc = linear.tc_eligible(w, K, x0, K)
