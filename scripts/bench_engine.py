@@ -136,7 +136,7 @@ def kernel_breakdown(be, plan, reps=3, R=8):
         a["launches"] += 1
         a["ms"] += t
         if name.startswith("gemv"):   # (N, K) in the argument list of kestrel/ops/linear.py's launchers
-            N, K = (int(args[5]), int(args[6])) if name.startswith("gemv_tmb") else (int(args[6]), int(args[7]))
+            N, K = (int(args[5]), int(args[6])) if name.startswith(("gemv_tmb", "gemv_tmr")) else (int(args[6]), int(args[7]))
             rows = 2 * N if name.endswith("e2") else N
             a["weight_bytes"] += rows * K * (4 if "f32" in name else 2)
         total += t
@@ -565,11 +565,11 @@ def main():
             traceback.print_exc()
             R["gemv_sweep_error"] = repr(e)
 
-    name = results_stem("bench_engine")
+    stem = results_stem("bench_engine")   # not `name`: the preset loop below reuses that
 
     def save():
-        (out / f"{name}.json").write_text(json.dumps(R, indent=1, default=float))
-        (out / f"{name}.md").write_text(render_md(R))
+        (out / f"{stem}.json").write_text(json.dumps(R, indent=1, default=float))
+        (out / f"{stem}.md").write_text(render_md(R))
 
     rng = np.random.default_rng(0)
     presets = [p for p in a.presets.split(",") if p]

@@ -404,11 +404,16 @@ def render_md(R: dict) -> str:
     if fl:
         L.append(f"A 27B decode step reads {fl['bytes'] / 1e9:.2f} GB of weights: floor {fl['ms_read']:.2f} ms at the "
                  f"read bandwidth, {fl['ms_copy']:.2f} ms at the copy bandwidth.")
+    if any("tmb_kernel" in s for s in R["shapes"]):
+        tmb_words = ("*tmb*: its tensor-core GEMVs on tiled weights, as the engine runs them (per matrix gemv_tmb, "
+                     "fed by bulk copies, or gemv_tmr, fed straight into registers: the same bits; the sweeps "
+                     "below say which)")
+    else:   # runs before gemv_tmr
+        tmb_words = "*tmb*: its tensor-core GEMV fed by bulk copies from tiled weights"
     L += ["", "Time of one projection (µs, median) and weight bytes ÷ time (GB/s). *read*: the streaming-read kernel "
           "over the same weight buffers (the floor at that size). *fma*: kestrel's CUDA-core GEMV; *tensor*: its "
-          "register-staged tensor-core GEMV; *tmb*: its tensor-core GEMVs on tiled weights, as the engine runs them "
-          "(per matrix gemv_tmb, fed by bulk copies, or gemv_tmr, fed straight into registers: same bits; the "
-          "sweeps below say which) (all three batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 activations and "
+          "register-staged tensor-core GEMV; " + tmb_words + " (all "
+          "three batch-invariant, with the epilogue the model uses); *cuBLAS*: torch.matmul, bf16 activations and "
           "output, no epilogue. A ratio < 1: kestrel faster.", "",
           "| shape | M | read | fma | tensor | tmb | cuBLAS | engine ÷ cuBLAS | tmb ÷ cuBLAS | tmb ÷ fma | cuBLAS row 0 = M=1 |",
           "|---|---|---|---|---|---|---|---|---|---|---|"]

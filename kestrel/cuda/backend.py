@@ -165,9 +165,9 @@ class CUDABackend:
         return f
 
     def tiled(self, model, W, epilogue: str = "store", half: int = 0):
-        """gemv_tmb's tiled copy of one of `model`'s bf16 matrices (linear.tmb_tiled), made once and
-        kept with the model. The entry holds the matrix too, so its address cannot be reused while
-        the copy is looked up by it."""
+        """The tiled copy (linear.tmb_tiled, which gemv_tmb and gemv_tmr read) of one of `model`'s
+        bf16 matrices, made once and kept with the model. The entry holds the matrix too, so its
+        address cannot be reused while the copy is looked up by it."""
         d = self._tiled.setdefault(model, {})
         key = (W.data.ptr, W.shape, W.strides, half if epilogue == "swiglu" else -1)
         e = d.get(key)

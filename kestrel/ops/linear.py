@@ -21,10 +21,10 @@ matrices whose K, row stride or address is not a multiple of 8 elements / 16 byt
 the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
 elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; they differ
 from each other in the last bits, so one engine uses one of them throughout.
-The default stays "fma": on the H200 both tensor-core kernels are flat in M, and "tmb" is ahead
-of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes 1.01-1.18 times as long as
-"fma" per 27B shape (results/bench_projections.md; results/cuda_notes.md says what was tried;
-chapter 7 compares the two engines end to end).
+The default stays "fma": on the H200 the tensor-core kernels are flat in M, and "tmb" is ahead
+of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes 1.01-1.14 times as long as
+"fma" per 27B shape (results/cuda_notes.md, which says what was tried; chapter 7 compares the
+two engines end to end).
 """
 import importlib
 import os
