@@ -233,33 +233,43 @@ def tmb_scratch(slots: int = 0):
     return _TMB_SCRATCH[-1][1], _TMB_SCRATCH[-1][2]
 
 
+def _tiled_checks(name: str, W, tiled, X, K: int, ldx: int, epilogue: str, half: int, ks: int | None) -> tuple:
+    """What gemv_tmb and gemv_tmr both ask of a launch (the same tiled weights and K split):
+    (tiles, ks), or a ValueError naming the problem."""
+    if not tmb_eligible(W, K, X, ldx):
+        raise ValueError(f"{name} needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
+                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
+    ks = ks or tmb_ksplit(K)
+    if ks not in TMB_KSPLITS or ks > K // 32:
+        raise ValueError(f"{name} K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
+    T = tmb_tiles(W.shape[0], epilogue, half)
+    if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
+        raise ValueError(f"{name}: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
+                         f"matrix ({T * 16}, {K})")
+    return T, ks
+
+
+def _tiled_args(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str, half: int, T: int, ks: int):
+    """Both kernels' arguments, the K-split scratch included (after every check has passed)."""
+    nout = half if EPI[epilogue] == 2 else W.shape[0]
+    part, count = tmb_scratch(ks * L.cdiv(M, 8) * T if ks > 1 else 0)
+    return (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
+            L.i32(ks), L.ptr(part), L.ptr(count))
+
+
 def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
                     shape: tuple | None = None, ks: int | None = None):
     """(fn, grid, block, args, smem) of gemv_tmb: W [rows, K] bf16 (for its shape), tiled =
     tmb_tiled(W, K, epilogue, half), which the caller keeps alive as long as the launch.
     shape (NW, KC, ST) and ks: benchmarks only (the defaults are the engine's: tmb_shape, tmb_ksplit)."""
-    if not tmb_eligible(W, K, X, ldx):
-        raise ValueError(f"gemv_tmb needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
-                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
-    ks = ks or tmb_ksplit(K)
-    if ks not in TMB_KSPLITS or ks > K // 32:
-        raise ValueError(f"gemv_tmb K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
-    epi = EPI[epilogue]
-    T = tmb_tiles(W.shape[0], epilogue, half)
+    T, ks = _tiled_checks("gemv_tmb", W, tiled, X, K, ldx, epilogue, half, ks)
     nw, kc, st = shape or tmb_shape(T, ks)
     if (nw, kc, st) not in _TMB:
         raise ValueError(f"gemv_tmb shape {(nw, kc, st)} not compiled (one of {_TMB})")
-    if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
-        raise ValueError(f"gemv_tmb: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
-                         f"matrix ({T * 16}, {K})")
-    nout = half if epi == 2 else W.shape[0]
-    gy = L.cdiv(M, 8)
-    part, count = tmb_scratch(ks * gy * T if ks > 1 else 0)
-    fn = L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
+    fn = L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{EPI[epilogue]}")
     sm = L.smem(fn, tmb_smem(nw, kc, st), "gemv_tmb")
-    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
-            L.i32(ks), L.ptr(part), L.ptr(count))
-    return fn, (L.cdiv(T, nw), gy, ks), (32 * nw,), args, sm
+    args = _tiled_args(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, T, ks)
+    return fn, (L.cdiv(T, nw), L.cdiv(M, 8), ks), (32 * nw,), args, sm
 
 
 def gemv_tmr_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
@@ -267,27 +277,13 @@ def gemv_tmr_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue
     """(fn, grid, block, args, smem) of gemv_tmr, gemv_tmb's arithmetic with the weights loaded
     straight into registers: the same arguments and tiled weights as gemv_tmb_launch.
     shape (T, P) and ks: benchmarks only (defaults: tmr_shape, tmb_ksplit)."""
-    if not tmb_eligible(W, K, X, ldx):
-        raise ValueError(f"gemv_tmr needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
-                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
-    ks = ks or tmb_ksplit(K)
-    if ks not in TMB_KSPLITS or ks > K // 32:
-        raise ValueError(f"gemv_tmr K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
-    epi = EPI[epilogue]
-    T = tmb_tiles(W.shape[0], epilogue, half)
+    T, ks = _tiled_checks("gemv_tmr", W, tiled, X, K, ldx, epilogue, half, ks)
     t, p = shape or tmr_shape(T, ks)
     if (t, p) not in TMR_SHAPES:
         raise ValueError(f"gemv_tmr shape {(t, p)} not compiled (one of {TMR_SHAPES})")
-    if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
-        raise ValueError(f"gemv_tmr: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
-                         f"matrix ({T * 16}, {K})")
-    nout = half if epi == 2 else W.shape[0]
-    gy = L.cdiv(M, 8)
-    part, count = tmb_scratch(ks * gy * T if ks > 1 else 0)
-    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
-    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
-            L.i32(ks), L.ptr(part), L.ptr(count))
-    return fn, (L.cdiv(T, t), gy, ks), (32 * (t + 1),), args, 0
+    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")
+    args = _tiled_args(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, T, ks)
+    return fn, (L.cdiv(T, t), L.cdiv(M, 8), ks), (32 * (t + 1),), args, 0
 
 
 def tmr_shape(tiles: int, ks: int) -> tuple:

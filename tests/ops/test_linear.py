@@ -356,12 +356,21 @@ def test_tmb_addressing_traced_on_the_cpu(rng, rows, K, epilogue, half):
 @pytest.mark.usefixtures("poison")
 @needs_gpu
 def test_gemv_tmb_needs_its_tiled_weights(be, rng):
+    """Both tiled kernels refuse another matrix's tiled weights, uncompiled shapes and K splits
+    they cannot take, each with an error that names it."""
     w, _ = _weight(be, rng, 40, 64, "bf16")
     X, y = dev(rng.standard_normal((2, 64))), be.empty((2, 40))
+    tiled = linear.tmb_tiled(w, 64)
     with pytest.raises(ValueError, match="tiled"):
         linear.gemv_launch(w, X, y, 2, 64, 64, 40, bf16_gemv="tmb")
-    with pytest.raises(ValueError, match="tiled weights"):
-        linear.gemv_tmb_launch(w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
+    for name, launch, bad_shape in (("gemv_tmb", linear.gemv_tmb_launch, (3, 256, 2)),
+                                    ("gemv_tmr", linear.gemv_tmr_launch, (3, 8))):
+        with pytest.raises(ValueError, match=f"{name}: tiled weights"):
+            launch(w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
+        with pytest.raises(ValueError, match=f"{name} shape .* not compiled"):
+            launch(w, tiled, X, y, 2, 64, 64, 40, shape=bad_shape)
+        with pytest.raises(ValueError, match=f"{name} K split 3"):
+            launch(w, tiled, X, y, 2, 64, 64, 40, ks=3)   # K = 64 is two 32-k blocks
 
 
 @pytest.mark.parametrize("ks", linear.TMB_KSPLITS)
