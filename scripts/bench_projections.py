@@ -8,14 +8,16 @@ In one run, on bf16 weights drawn at random (cuRAND normal, scaled by K^-1/2, ro
     grid shapes over a 2 GiB buffer, and over each projection's own weight buffers; beside it the
     device-to-device copy (bytes read + written), the figure the engine's floor used so far;
   * correctness of the bf16 GEMVs of kernels/linear.cu (CUDA-core "fma", tensor-core "tensor" and
-    "tmb", the last on GPUs with bulk copies, sm_90 and later) at
+    "tmb", the last on sm_90 and later) at
     every shape with its epilogue: relative error vs float64 (all rows) and vs the NumPy twin (a
     slice of rows), every output written (outputs poisoned with NaN first), and row m of an
     M-row launch bit-identical to that row launched alone for every M = 1..8;
   * time and bandwidth (weight bytes / time) of fma, tensor, tmb and cuBLAS (torch.matmul: bf16 x,
     bf16 W, bf16 out; no epilogue) for M = 1, 2, 3, 4, 8, and whether cuBLAS's rows are bit-identical
     across M; sweeps of the CUDA-core shapes (M = 1..8), the tensor-core variants (tiles a warp, load
-    step, K-split; M = 1, 8) and the tmb shapes (tiles a block, stages, K-split; M = 1, 4, 8).
+    step, K-split; M = 1, 8), the gemv_tmb shapes (tiles a block, stages, K-split; M = 1, 4, 8) and
+    the gemv_tmr shapes (tiles a block, KB in flight a warp; M = 1, 4, 8). "tmb" in the tables is the
+    engine's pick between gemv_tmb and gemv_tmr for each matrix (linear.tmb_kernel).
 
 Timing: each launch reads its own weight buffer, rotating over buffers that together hold at
 least four times the L2 (so the weights come from HBM, not the cache); a CUDA graph of such
