@@ -1,7 +1,7 @@
 // kernels/linear.cu: dense projection for a few rows, y = x · Wᵀ (NumPy twin and launchers:
 // kestrel/ops/linear.py). Four kernels compute it; kestrel/ops/linear.py says which one runs.
 //
-// Math (both)  y[m, n] = Σ_k W[n, k] · x[m, k] with fp32 accumulation; x, y fp32; W bf16 (raw bits)
+// Math (all)   y[m, n] = Σ_k W[n, k] · x[m, k] with fp32 accumulation; x, y fp32; W bf16 (raw bits)
 //              or fp32. Epilogue EPI: 0 store y = s; 1 accumulate y = y + s (the residual add);
 //              2 SwiGLU over a stacked [gate; up] matrix: y[m, n] = silu(s_gate[n]) · s_up[n], the up
 //              row of output n being physical row half + n.
@@ -710,10 +710,10 @@ GEMV_TMB_VARIANTS
 // Launch   block = T + 1 warps × one K part (blockIdx.z) × 8 activation rows (blockIdx.y). Warps
 //          0..T−1 take tiles T·blockIdx.x + w and only load weights and multiply; warp T splits the
 //          activations. A compute warp walks its K part in stages of P 32-k blocks through two
-//          register buffers: the first mma of stage s waits for its loads (a GPU waits for all of
-//          a warp's outstanding global loads at once), and only then are stage s + 1's loads issued
-//          into the other buffer, so the warp always has P KB in flight and never waits for a load
-//          it has just issued. The splitting warp keeps its own loads (activations, one chain group
+//          register buffers: the first mma of stage s waits for its loads (in the code the compiler
+//          generates, that wait covers every global load the warp has outstanding), and only then
+//          are stage s + 1's loads issued into the other buffer, so the warp always has P KB in
+//          flight and never waits for a load it has just issued. The splitting warp keeps its own loads (activations, one chain group
 //          ahead) apart for the same reason. Per chain group (TMB_CG k) it splits group j + 1 into
 //          one half of a double buffer in shared memory (2 × TMB_CG/32 × 1536 bytes; only the M
 //          real rows are written, the rest zeroed once) while the others multiply group j from the

@@ -233,7 +233,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
          "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K),
          "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
     if linear.tmb_eligible(Ws[0], K, x, K):   # which tiled kernel the engine runs here, and its shape
-        kind, shape = linear.tmb_kernel(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K))
+        kind, shape = linear.tmb_kernel(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K), epi)
         R["tmb_kernel"] = [kind, list(shape)]
 
     t0 = time.time()
@@ -357,9 +357,9 @@ def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
 
 
 def profile_once(shape, ms=(1, 4)):
-    """One launch of fma, then of each tensor-core variant at its K-split, then of gemv_tmb at the
-    engine's shape (where tmb_eligible), for each M in ms (for a profiler that catches the gemv
-    kernels in this order)."""
+    """One launch of fma, then of each tensor-core variant at its K-split, then of the engine's tiled
+    kernel and shape (gemv_tmb or gemv_tmr, linear.tmb_kernel; where tmb_eligible), for each M in ms
+    (for a profiler that catches the gemv kernels in this order)."""
     import cupy as cp
     from kestrel.cuda import CUDABackend
     from kestrel.cuda import launch as L
@@ -378,7 +378,8 @@ def profile_once(shape, ms=(1, 4)):
         for v in linear.TC_VARIANTS:
             launches.append((f"tensor {v}", M, linear.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
         if tiled is not None:
-            launches.append(("tmb", M, linear.gemv_tmb_launch(w, tiled, x, y, M, K, K, N, epi, half)))
+            launches.append(("tmb", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="tmb",
+                                                          tiled=tiled)))
     for name, M, launch in launches:
         L.go(launch, be.stream)
         be.sync()

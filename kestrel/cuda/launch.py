@@ -98,18 +98,19 @@ _OCCUPANCY: dict = {}
 
 def blocks_per_sm(fn, threads: int, nbytes: int = 0) -> int:
     """How many blocks of `threads` threads (and `nbytes` of dynamic shared memory) of kernel fn
-    one multiprocessor holds at once: the fewest that its registers (allocated 256 a warp), warps,
-    shared memory (1 KB reserved a block) and block slots allow. Computed once per shape."""
+    one multiprocessor holds at once, as the CUDA occupancy calculator counts: the fewest that its
+    registers (256 a warp at a time, in four quarters of the register file), warps, shared memory
+    (128-byte units, plus what the driver reserves a block) and block slots allow. Once a shape."""
     key = (id(fn), threads, nbytes)
     if key not in _OCCUPANCY:
         import cupy as cp
         p = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         warps = cdiv(threads, 32)
-        regs = cdiv(fn.num_regs * 32, 256) * 256
-        _OCCUPANCY[key] = min(p["regsPerMultiprocessor"] // regs // warps,
-                              p["maxThreadsPerMultiProcessor"] // 32 // warps,
-                              p["sharedMemPerMultiprocessor"] // (fn.shared_size_bytes + nbytes + 1024),
-                              p.get("maxBlocksPerMultiProcessor", 32))
+        per_warp = cdiv(fn.num_regs * 32, 256) * 256
+        by_regs = (p["regsPerMultiprocessor"] // 4 // per_warp) * 4 // warps
+        smem = cdiv(fn.shared_size_bytes + nbytes, 128) * 128 + p.get("reservedSharedMemPerBlock", 1024)
+        _OCCUPANCY[key] = min(by_regs, p["maxThreadsPerMultiProcessor"] // 32 // warps,
+                              p["sharedMemPerMultiprocessor"] // smem, p.get("maxBlocksPerMultiProcessor", 32))
     return _OCCUPANCY[key]
 
 

@@ -23,8 +23,8 @@ elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invari
 from each other in the last bits, so one engine uses one of them throughout.
 The default stays "fma": on the H200 the tensor-core kernels are flat in M, and "tmb" is ahead
 of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes 1.01-1.14 times as long as
-"fma" per 27B shape (results/cuda_notes.md, which says what was tried; chapter 7 compares the
-two engines end to end).
+"fma" per 27B shape (results/cuda_notes.md, from a development run of bench_projections' timing;
+results/bench_projections.md predates gemv_tmr; chapter 7 compares the two engines end to end).
 """
 import importlib
 import os
@@ -147,7 +147,7 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
 
 
 def tmb_ksplit(K: int) -> int:
-    """Blocks that share one tile's K range in gemv_tmb: from K alone, like tc_ksplit. More parts
+    """Blocks that share one tile's K range in gemv_tmb and gemv_tmr: from K alone, like tc_ksplit. More parts
     for long rows, whose matrices (the MLP down and attention/GDN out projections) are short."""
     return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 3)
 
@@ -166,8 +166,8 @@ def _device() -> dict:
 
 
 def tmb_eligible(W, K: int, X, ldx: int) -> bool:
-    """bf16 weights, K in 32-k blocks, activations the bulk copies can read (16-byte aligned rows),
-    a GPU with bulk copies (sm_90 and later)."""
+    """bf16 weights, K in 32-k blocks, activations in 16-byte aligned rows, a GPU with bulk copies
+    (sm_90 and later: gemv_tmb needs them; gemv_tmr does not, but "tmb" is one engine option)."""
     return (W.dtype == np.uint16 and K % 32 == 0 and tmb_ksplit(K) <= K // 32 and ldx % 4 == 0
             and X.data.ptr % 16 == 0 and _device()["cc"] >= 90)
 
@@ -220,7 +220,7 @@ _TMB_SCRATCH: list = []     # (slots, part, count), each larger than the one bef
 
 
 def tmb_scratch(slots: int = 0):
-    """The K-split scratch that gemv_tmb launches share: partial D fragments (a float4 per lane) of
+    """The K-split scratch that gemv_tmb and gemv_tmr launches share: partial D fragments (a float4 per lane) of
     `slots` (part, row group, tile) slots at least, and one arrival count per slot, zero between
     launches (the last block of a tile resets it). Launches in one stream never overlap their use
     of it: a kernel touches it only after griddep_wait(), when the kernel before it has finished.
@@ -292,16 +292,17 @@ def tmr_shape(tiles: int, ks: int) -> tuple:
     return next(((t, 8) for t in (8, 4, 2) if L.cdiv(tiles, t) * ks >= _device()["sms"]), (1, 8))
 
 
-def tmb_kernel(tiles: int, ks: int) -> tuple:
+def tmb_kernel(tiles: int, ks: int, epilogue: str = "store") -> tuple:
     """The engine's kernel for a tiled matrix of `tiles` tiles split ks ways: ("tmr", tmr_shape)
-    where gemv_tmr's compute warps hold every (tile, part) at once, else ("tmb", tmb_shape).
+    where all of gemv_tmr's blocks of one row group (M <= 8) fit on the GPU at once, else
+    ("tmb", tmb_shape).
     gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
     wave runs its few warps alone (on the H200, 27B gate|up: 95 µs against gemv_tmb's 90); gemv_tmb,
     whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
     t, p = tmr_shape(tiles, ks)
-    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e0")
-    slots = _device()["sms"] * L.blocks_per_sm(fn, 32 * (t + 1)) * t
-    return ("tmr", (t, p)) if tiles * ks <= slots else ("tmb", tmb_shape(tiles, ks))
+    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")
+    slots = _device()["sms"] * L.blocks_per_sm(fn, 32 * (t + 1))
+    return ("tmr", (t, p)) if L.cdiv(tiles, t) * ks <= slots else ("tmb", tmb_shape(tiles, ks))
 
 
 def fma_shape(M: int) -> tuple:
@@ -327,7 +328,7 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
     if bf16 and which == "tmb" and tmb_eligible(W, K, X, ldx):
         if tiled is None:
             raise ValueError("bf16_gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
-        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), tmb_ksplit(K))
+        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), tmb_ksplit(K), epilogue)
         launch = gemv_tmr_launch if kind == "tmr" else gemv_tmb_launch
         return launch(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, shape=shape)
     N, ldw = W.shape[0], W.strides[0] // W.itemsize

@@ -378,15 +378,15 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
 @needs_gpu
 def test_gemv_tmb_shapes(be, rng, ks):
     """Every compiled gemv_tmb shape and every gemv_tmr shape, every epilogue, N not a multiple of
-    a tile, K not of a stage or a chain group, 11 rows: vs float64, rows independent of M, the same
-    bits for every shape of both kernels (NW, KC, ST, T and P do not enter a row's order: with
-    KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split counts back at zero after each
-    launch."""
+    a tile, K not of a stage or a chain group, 1-8, 11 and 15 rows: vs float64, rows independent of
+    M, the same bits for every shape of both kernels (NW, KC, ST, T and P do not enter a row's
+    order: with KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split counts back at zero
+    after each launch."""
     import cupy as cp
-    I, K = 45, 1056
+    I, K, R = 45, 1056, 15
     w, w_host = _weight(be, rng, 2 * I, K, "bf16")
-    x = rng.standard_normal((11, K)).astype(np.float32)
-    y0 = rng.standard_normal((11, 2 * I)).astype(np.float32)
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    y0 = rng.standard_normal((R, 2 * I)).astype(np.float32)
     ref = x.astype(np.float64) @ w_host.T.astype(np.float64)
     for epi, n, half, y_init, want in (("store", 2 * I, 0, None, ref), ("add", 2 * I, 0, y0, y0 + ref),
                                        ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
@@ -397,8 +397,8 @@ def test_gemv_tmb_shapes(be, rng, ks):
                 f = linear.gemv_tmb_launch if kind == "tmb" else linear.gemv_tmr_launch
                 return f(a[0], tiled, *a[1:], shape=shape, ks=ks)
             alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
-                           launcher=launcher)[0] for j in range(11)]
-            for m in (1, 2, 3, 4, 5, 8, 11):
+                           launcher=launcher)[0] for j in range(R)]
+            for m in (1, 2, 3, 4, 5, 6, 7, 8, 11, R):
                 y = _gemv(be, w, x[:m], n, epi, half, None if y_init is None else y_init[:m], launcher=launcher)
                 assert finite(y) and rel(y, want[:m]) < F32, (epi, kind, shape, m)
                 for j in range(m):
@@ -411,15 +411,20 @@ def test_gemv_tmb_shapes(be, rng, ks):
 
 @needs_gpu
 def test_tmb_kernel_rule(be):
-    """The engine's pick between the two tiled kernels: gemv_tmr while its compute warps hold every
-    (tile, part) at once, gemv_tmb beyond; each pick is a compiled shape."""
-    sms = be.device_props["sm_count"]
-    for tiles, ks in ((3, 1), (320, 3), (1030, 1), (2176, 1), (15520, 1), (10 ** 5, 1)):
-        kind, shape = linear.tmb_kernel(tiles, ks)
-        t, p = linear.tmr_shape(tiles, ks)
-        fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e0")
-        slots = sms * L.blocks_per_sm(fn, 32 * (t + 1)) * t
-        assert slots >= sms
-        assert (kind == "tmr") == (tiles * ks <= slots), (tiles, ks, kind, slots)
-        assert shape in (linear.TMR_SHAPES if kind == "tmr" else linear._TMB)
-    assert linear.tmb_kernel(3, 1)[0] == "tmr" and linear.tmb_kernel(10 ** 5, 1)[0] == "tmb"
+    """blocks_per_sm agrees with the driver's occupancy query for every gemv_tmr kernel; the engine's
+    pick between the two tiled kernels is a compiled shape, gemv_tmr for a few tiles, gemv_tmb for
+    very many, and once it is gemv_tmb it stays so for more tiles."""
+    import cupy as cp
+    for (t, p) in linear.TMR_SHAPES:
+        for epi in (0, 1, 2):
+            fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
+            want = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 32 * (t + 1), 0)
+            assert L.blocks_per_sm(fn, 32 * (t + 1)) == want >= 1, (t, p, epi)
+    for ks in (1, 3):
+        for epi in linear.EPI:
+            picks = [linear.tmb_kernel(tiles, ks, epi) for tiles in (3, 100, 320, 1030, 2176, 15520, 10 ** 5)]
+            for kind, shape in picks:
+                assert shape in (linear.TMR_SHAPES if kind == "tmr" else linear._TMB), (kind, shape)
+            kinds = [k for k, _ in picks]
+            assert kinds[0] == "tmr" and kinds[-1] == "tmb", (ks, epi, kinds)
+            assert kinds == sorted(kinds, key=("tmr", "tmb").index), (ks, epi, kinds)
