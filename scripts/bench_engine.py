@@ -516,6 +516,23 @@ def render_md(R: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def from_json(d):
+    """A results dict as the script held it before writing: JSON turned its integer keys (rows M)
+    into strings."""
+    if isinstance(d, dict):
+        return {int(k) if isinstance(k, str) and k.isdigit() else k: from_json(v) for k, v in d.items()}
+    return [from_json(v) for v in d] if isinstance(d, list) else d
+
+
+def save_results(out: Path, R: dict) -> Path:
+    """Write R and its table as out/<stem>.json and .md (results.stem: bench_engine, or
+    bench_engine_<gemv> under another bf16 GEMV); the JSON's path."""
+    path = out / f"{results_stem('bench_engine')}.json"
+    path.write_text(json.dumps(R, indent=1, default=float))
+    path.with_suffix(".md").write_text(render_md(R))
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(ROOT / "results"))
@@ -565,11 +582,8 @@ def main():
             traceback.print_exc()
             R["gemv_sweep_error"] = repr(e)
 
-    stem = results_stem("bench_engine")   # not `name`: the preset loop below reuses that
-
     def save():
-        (out / f"{stem}.json").write_text(json.dumps(R, indent=1, default=float))
-        (out / f"{stem}.md").write_text(render_md(R))
+        save_results(out, R)
 
     rng = np.random.default_rng(0)
     presets = [p for p in a.presets.split(",") if p]

@@ -17,6 +17,21 @@ def test_bench_projections_table_is_rendered_from_its_json(tmp_path):
     assert (tmp_path / "bench_projections.md").read_text() == (ROOT / "results" / "bench_projections.md").read_text()
 
 
+def test_bench_engine_tables_are_rendered_from_their_json(tmp_path, monkeypatch):
+    """scripts/bench_engine.py's writer names its files by results.stem (bench_engine under the
+    default GEMV, bench_engine_tmb under KESTREL_BF16_GEMV=tmb) and writes the committed tables."""
+    import json
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_engine
+    from kestrel.ops import linear
+    for gemv, stem in ((linear.BF16_GEMV_DEFAULT, "bench_engine"), ("tmb", "bench_engine_tmb")):
+        monkeypatch.setattr(linear, "BF16_GEMV", gemv)
+        committed = ROOT / "results" / f"{stem}.json"
+        path = bench_engine.save_results(tmp_path, bench_engine.from_json(json.loads(committed.read_text())))
+        assert path == tmp_path / f"{stem}.json" and path.read_text() == committed.read_text()
+        assert path.with_suffix(".md").read_text() == committed.with_suffix(".md").read_text()
+
+
 def test_projection_uses_account_for_a_steps_weights():
     """kestrel.sizes.projection_uses (which the projection table and chapter 7 sum with) counts
     each 27B projection as often as a step runs it: their weight bytes are the step's weight bytes
