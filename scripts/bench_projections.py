@@ -211,7 +211,6 @@ def cublas_invariance(torch, Wt, xb):
 
 # ---- one shape -------------------------------------------------------------------------------------
 def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep):
-    from kestrel.cuda import launch as L
     from kestrel.ops import linear
     rows = 2 * N if epi == "swiglu" else N
     half = N if epi == "swiglu" else 0
@@ -228,17 +227,19 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     y0 = rs.standard_normal((8, N), dtype=cp.float32)
     Y = cp.empty((8, N), cp.float32)
     be.sync()
+    tiles, tmb_ks = linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)
     R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
          "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
-         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": linear.tmb_ksplit(K),
-         "tmb_shape": list(linear.tmb_shape(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)))}
-    if linear.tmb_eligible(Ws[0], K, x, K):   # which tiled kernel the engine runs here, and its shape
-        kind, shape = linear.tmb_kernel(linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K), epi)
+         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": tmb_ks,
+         "tmb_shape": list(linear.tmb_shape(tiles, tmb_ks))}
+    tiled_ok = linear.tmb_eligible(Ws[0], K, x, K)
+    if tiled_ok:   # which tiled kernel the engine runs here, and its shape
+        kind, shape = linear.tmb_kernel(tiles, tmb_ks, epi)
         R["tmb_kernel"] = [kind, list(shape)]
 
     t0 = time.time()
     # tmb only where the engine would run it (elsewhere gemv_launch would fall back to fma)
-    kernels = [k for k in KERNELS if k != "tmb" or linear.tmb_eligible(Ws[0], K, x, K)]
+    kernels = [k for k in KERNELS if k != "tmb" or tiled_ok]
     Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws] if "tmb" in kernels else []
     R["checks"] = {k: check_gemv(be, cp, Ws[0], N, K, epi, k, x, y0, tiled=Wts[0] if k == "tmb" else None)
                    for k in kernels}
@@ -396,6 +397,12 @@ def step_uses(preset="qwen3.5-27b") -> dict:
     return uses
 
 
+def sweep_cell(q: dict, ms, bold: bool) -> str:
+    """One cell of a sweep table: q's µs at each M of ms, "a / b / c", in bold for the engine's choice."""
+    mark = "**" if bold else ""
+    return mark + " / ".join(f"{q[f'M{M}_us']:.1f}" for M in ms) + mark
+
+
 def render_md(R: dict) -> str:
     rb, cb = R["read_bandwidth"], R["copy"]
     fl = R.get("floor_27b", {})
@@ -456,8 +463,7 @@ def render_md(R: dict) -> str:
             cells = []
             for s in sw:
                 q = s["sweep"][i]
-                mark = "**" if (q["variant"] == s["tc_variant"] and q["ksplit"] == s["tc_ksplit"]) else ""
-                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M8_us']:.1f}{mark}")
+                cells.append(sweep_cell(q, (1, 8), q["variant"] == s["tc_variant"] and q["ksplit"] == s["tc_ksplit"]))
             L.append(f"| {','.join(map(str, r['variant']))} | {r['ksplit']} | " + " | ".join(cells) + " |")
     ts = [s for s in R["shapes"] if s.get("tmb_sweep")]
     if ts:
@@ -473,9 +479,8 @@ def render_md(R: dict) -> str:
                 if q is None:
                     cells.append("—")
                     continue
-                mark = "**" if (s.get("tmb_kernel", ["tmb", s["tmb_shape"]]) == ["tmb", list(shape)]
-                                and ks == s["tmb_ksplit"]) else ""
-                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M4_us']:.1f} / {q['M8_us']:.1f}{mark}")
+                cells.append(sweep_cell(q, (1, 4, 8), s.get("tmb_kernel", ["tmb", s["tmb_shape"]]) == ["tmb", list(shape)]
+                                        and ks == s["tmb_ksplit"]))
             L.append(f"| {','.join(map(str, shape))} | {ks} | " + " | ".join(cells) + " |")
     rs = [s for s in R["shapes"] if s.get("tmr_sweep")]
     if rs:
@@ -487,8 +492,7 @@ def render_md(R: dict) -> str:
             cells = []
             for s in rs:
                 q = s["tmr_sweep"][i]
-                mark = "**" if s.get("tmb_kernel") == ["tmr", q["shape"]] else ""
-                cells.append(f"{mark}{q['M1_us']:.1f} / {q['M4_us']:.1f} / {q['M8_us']:.1f}{mark}")
+                cells.append(sweep_cell(q, (1, 4, 8), s.get("tmb_kernel") == ["tmr", q["shape"]]))
             L.append(f"| {','.join(map(str, r['shape']))} | " + " | ".join(cells) + " |")
     fs = [s for s in R["shapes"] if s.get("fma_sweep")]
     if fs:
