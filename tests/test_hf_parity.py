@@ -54,16 +54,35 @@ def hf_pair(request, tmp_path_factory):
     return request.param, seed, m, d
 
 
+def reference_logits(km, toks):
+    """The float64 reference's logits for every position of toks."""
+    ref = Reference(km.cfg, km.w)
+    return np.stack([ref.step(int(t))[1] for t in toks])
+
+
 def test_teacher_forced_logits(hf_pair, rng):
+    """kestrel and transformers compute the same function. Both are float32 programs whose
+    rounding grows with the random checkpoint's conditioning, so each is measured against the
+    float64 reference (which shares no code with either) rather than against the other: over 150
+    random checkpoints per shape kestrel stayed within 4.3e-5 of it and transformers within
+    6.5e-5, while the two float32 programs drifted up to 1.1e-4 apart. Wrong constants move the
+    reference far more on these shapes: a tenfold norm epsilon by 0.2-0.6, one layer's decay
+    (A_log) scaled by 1.01 by 7e-3-4e-2."""
     name, seed, m, d = hf_pair
     km = kestrel.load(d, device="cpu")
     toks = rng.integers(0, km.cfg.vocab_size, 48)
     with torch.no_grad():
-        ref = m(torch.tensor(toks)[None]).logits[0].double().numpy()
+        hf = m(torch.tensor(toks)[None]).logits[0].double().numpy()
     eng = kestrel.Engine(km, max_seq=64, mmax=4)
     got = np.concatenate([eng.prefill(toks[:20]).logits] +
                          [eng.step_m(20 + 4 * i, toks[20 + 4 * i:24 + 4 * i]).logits for i in range(7)])
-    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-4, (name, seed)
+    want = reference_logits(km, toks)
+
+    def err(x):
+        return np.linalg.norm(x - want) / np.linalg.norm(want)
+
+    assert err(hf) <= 5e-4, ("transformers against the float64 reference", name, seed, err(hf))
+    assert err(got) <= 2e-4, ("kestrel against the float64 reference", name, seed, err(got))
 
 
 def test_greedy_stream_identical(hf_pair, rng):
@@ -75,7 +94,14 @@ def test_greedy_stream_identical(hf_pair, rng):
         out = m.generate(torch.tensor(prompt)[None], attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=32, do_sample=False, min_new_tokens=32,
                          eos_token_id=None, pad_token_id=0)
     hf_stream = out[0, len(prompt):].tolist()
-    assert kestrel.generate(km, prompt.tolist(), 32) == hf_stream, (name, seed)
+    ours = kestrel.generate(km, prompt.tolist(), 32)
+    if ours != hf_stream:
+        # Two float32 programs may part only where float64 can barely tell the two tokens apart:
+        # at the first difference, the reference's logits of both must be within float32 rounding.
+        j = next(i for i, (a, b) in enumerate(zip(ours, hf_stream)) if a != b)
+        row = reference_logits(km, list(prompt) + hf_stream[:j])[-1]
+        gap = abs(row[ours[j]] - row[hf_stream[j]]) / np.linalg.norm(row)
+        assert gap <= 5e-4, ("streams differ where the float64 reference is decided", name, seed, j, gap)
     assert len(set(hf_stream)) > 3, "degenerate stream: the comparison would prove little"
 
 
