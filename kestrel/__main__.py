@@ -210,7 +210,7 @@ def cmd_costs(args) -> int:
     print(f"  step(M=1) {u.step:.3f}  draft(MTP M=1 + argmax) {u.draft:.3f}  mark {u.mark:.3f}  "
           f"rollback {u.rollback:.3f}  select {u.select:.3f}  argmax {u.argmax:.3f}")
     for m in sorted(u.step_m):
-        print(f"  M={m}: step_m {u.step_m[m]:.3f}  verify_checkpointed {u.ckpt[m]:.3f}  mtp batch {u.mtp[m]:.3f}")
+        print(f"  M={m}: step_m {u.step_m[m]:.3f}  verify_checkpointed {u.ckpt[m]:.3f}  mtp_fill {u.mtp[m]:.3f}")
     preds = []
     for pol in spec.POLICIES.values():
         for pairing in spec.Pairing:

@@ -77,12 +77,13 @@ class CPUBackend:
     # ---- the program, op by op --------------------------------------------------------
     def run(self, model, prog, st, tokens, pos: int, hid=None, gdn_mode: str = "in_place"):
         """Execute `prog` (kestrel/program.py) over M rows at positions pos..pos+M-1 on the
-        engine's DeviceState `st`. Returns (hidden [M, D], logits [M, V])."""
+        engine's DeviceState `st`. Returns (hidden [M, D], logits [M, V]), None for a program
+        that has none (mtp_fill)."""
         env = {"tokens": np.asarray(tokens, dtype=np.int64)}
         if hid is not None:
             env["hid"] = np.ascontiguousarray(hid, dtype=np.float32)
         self.execute(model, prog, prog.ops, env, st, pos, gdn_mode)
-        return env[prog.hidden], env[prog.logits]
+        return env.get(prog.hidden), env.get(prog.logits)
 
     def fold(self, model, prog, st, n: int):
         """The fold program over the first n cached GDN input rows, in place."""

@@ -6,7 +6,8 @@ State (a DeviceState, kestrel/state.py, that the engine owns and passes to the b
                a checkpointed verify writes row j's state into slot+1+j, and accepting n rows
                just moves `slot` (no copy, no replay).
   attention    KV cache [n_attn, max_seq, nkv, hd] + a cursor per layer (= visible length).
-  MTP          its own KV cache [max_seq, nkv, hd] + its own cursor (an independent slot).
+  MTP          its own KV cache [max_seq, nkv, hd] + its own cursor (an independent slot),
+               written by mtp_step (rows and their drafts) or mtp_fill (rows only).
 
 Cursor = positions consumed = the next position to consume. Entries must start exactly at
 the cursor. Every entry validates all of its input before it touches state, so a call that
@@ -221,21 +222,34 @@ class Engine:
         self.pos = pos
         self._advance(n)
 
+    def _mtp_rows(self, pos, token, hidden, what: str):
+        """Validate an MTP call (no state touched): (tokens [M], hidden [M, D] on the backend, single)."""
+        if not self.model.has_mtp:
+            raise KestrelError(f"{what}: this model has no MTP head (mtp_num_hidden_layers = 0)")
+        single = _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
+        toks = self._tokens(token, what)
+        m, D = len(toks), self.cfg.hidden_size
+        want = (D,) if single else (m, D)
+        hid = inputs.hidden_rows(hidden, want, f"{what}: hidden", getattr(self.be, "xp", np))  # finite real floats
+        self._check_pos(pos, m, self.mtp_len, what, "MTP cursor")
+        return toks, self.be.asarray(hid).reshape(m, D), single
+
     def mtp_step(self, pos, token, hidden) -> Step:
         """MTP head rows at positions pos..pos+M-1 of its own slot (pos == MTP cursor).
         token: int with hidden [D], or tokens [M] with hidden [M, D]."""
-        if not self.model.has_mtp:
-            raise KestrelError("mtp_step: this model has no MTP head (mtp_num_hidden_layers = 0)")
-        single = _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
-        toks = self._tokens(token, "mtp_step")
-        m, D = len(toks), self.cfg.hidden_size
-        want = (D,) if single else (m, D)
-        hid = inputs.hidden_rows(hidden, want, "mtp_step: hidden", getattr(self.be, "xp", np))  # finite real floats
-        self._check_pos(pos, m, self.mtp_len, "mtp_step", "MTP cursor")
-        hid = self.be.asarray(hid).reshape(m, D)
+        toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_step")
         hp, lg = self.model.mtp_forward(toks, hid, pos, self.state)
-        self.mtp_len = pos + m
+        self.mtp_len = pos + len(toks)
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
+
+    def mtp_fill(self, pos, token, hidden) -> None:
+        """Write the MTP head's KV rows pos..pos+M-1 (pos == MTP cursor) bit for bit as mtp_step
+        would, and compute nothing the rows do not need: no MLP, no norm, no lm_head, no
+        output (kestrel/program.py, mtp_fill_program). For rows whose drafts nobody reads: the
+        prompt's rows, the rows a round confirmed. Same arguments as mtp_step."""
+        toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_fill")
+        self.model.mtp_fill(toks, hid, pos, self.state)
+        self.mtp_len = pos + len(toks)
 
     # ---- the three primitives ---------------------------------------------------------------
     def mark(self, include_mtp_cursor: bool = True):

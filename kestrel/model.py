@@ -1,4 +1,4 @@
-"""A model: its config, its weights on one backend, and the two programs that use them.
+"""A model: its config, its weights on one backend, and the programs that use them.
 
 The layer structure lives in kestrel/program.py (one declarative program per pass); the
 backend runs it (CPU: op by op through the NumPy twins; CUDA: one fused launch plan). The
@@ -8,7 +8,7 @@ DeviceState (kestrel/state.py) in.
 from __future__ import annotations
 
 from .config import Config
-from .program import fold_program, main_program, mtp_program
+from .program import fold_program, main_program, mtp_fill_program, mtp_program
 
 
 class Model:
@@ -18,6 +18,7 @@ class Model:
         self.head = self.w["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
         self.main = main_program(cfg)
         self.mtp = mtp_program(cfg)
+        self.mtp_fill_prog = mtp_fill_program(cfg)
         self.fold_prog = fold_program(cfg)
         self.tokenizer = None
 
@@ -39,6 +40,10 @@ class Model:
     def mtp_forward(self, tokens, hidden, pos: int, state):
         """MTP head over M rows at positions pos.. of its own KV cache: (h' [M,D], logits [M,V])."""
         return self.be.run(self, self.mtp, state, tokens, pos, hid=hidden)
+
+    def mtp_fill(self, tokens, hidden, pos: int, state):
+        """The MTP head's KV rows at positions pos.., as mtp_forward writes them; no output."""
+        self.be.run(self, self.mtp_fill_prog, state, tokens, pos, hid=hidden)
 
     def __repr__(self):
         c = self.cfg

@@ -19,6 +19,9 @@ MTP head, M rows at positions q.., tokens x, main-model hiddens h:
     u = fc([pre_fc_norm_embedding(embed(x)) | pre_fc_norm_hidden(h)]);  u = attention layer(u)
     hidden' = mtp.norm(u);  logits = lm_head(hidden')
 
+MTP fill: the MTP head's ops up to and including its attention, so rows of its KV cache are
+written exactly as the head would write them, and nothing after (no MLP, no norm, no lm_head).
+
 Op kinds (each one family in kestrel/ops and one kernel file in kernels/):
 
     embed      dst = table[tokens]                                       ops/head.py
@@ -76,12 +79,12 @@ class Op:
 
 @dataclass(frozen=True)
 class Program:
-    name: str                   # "main" | "mtp"
+    name: str                   # "main" | "mtp" | "mtp_fill" | "fold"
     buffers: tuple              # (name, width) of every activation buffer
     ops: tuple
     inputs: tuple               # "tokens", and "hid" for the MTP head
-    hidden: str = "hidden"
-    logits: str = "logits"
+    hidden: str | None = "hidden"   # None: the program returns no hidden rows (mtp_fill, fold)
+    logits: str | None = "logits"
 
     def width(self, buf: str) -> int:
         return dict(self.buffers)[buf]
@@ -173,6 +176,22 @@ def mtp_program(cfg: Config) -> Program | None:
 
 
 @lru_cache(maxsize=64)
+def mtp_fill_program(cfg: Config) -> Program | None:
+    """The MTP program cut after its attention op: it writes the head's K/V rows (the only state
+    the head has) with the very ops, in the very order, of a full MTP pass, so the rows hold the
+    same bits, and skips the o_proj, the MLP, the norm and the lm_head, which at the 27B shape
+    are most of an MTP step's weight bytes. The drafters keep the MTP slot with it (the prompt
+    fill, the trained pairing's rewrite after a round), where nobody reads the head's logits.
+    The attention's output is still computed and dropped: one small launch, where a KV-only op
+    would be a new op kind on both backends."""
+    mtp = mtp_program(cfg)
+    if mtp is None:
+        return None
+    last = max(i for i, op in enumerate(mtp.ops) if op.kind == "attention")
+    return Program("mtp_fill", mtp.buffers, mtp.ops[:last + 1], mtp.inputs, hidden=None, logits=None)
+
+
+@lru_cache(maxsize=64)
 def fold_program(cfg: Config) -> Program:
     """The main program's GDN ops alone, each reading its layer's cached inputs ("gdn_in", g)
     and updating the live state in place: n rows of it leave S and hist exactly as n plain
@@ -181,7 +200,7 @@ def fold_program(cfg: Config) -> Program:
                 for op in main_program(cfg).ops if op.kind == "gdn")
     width = dict(main_program(cfg).buffers).get("gin", 0)
     bufs = tuple((f"gdn_in.{g}", width) for g in range(len(ops))) + (("gy", cfg.lin_num_value_heads * cfg.lin_value_head_dim),)
-    return Program("fold", bufs, ops, ())
+    return Program("fold", bufs, ops, (), hidden=None, logits=None)
 
 
 def programs(cfg: Config) -> tuple:

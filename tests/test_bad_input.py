@@ -60,6 +60,12 @@ CASES = [
      kestrel.CursorError, "MTP cursor"),
     ("mtp hidden misshapen", None, lambda e, V, rng: e.mtp_step(6, [1, 2], hidden(e, rng)),
      kestrel.TokenError, "hidden has shape"),
+    ("mtp_fill position not at its cursor", None, lambda e, V, rng: e.mtp_fill(7, [1, 2], hidden(e, rng, 2, e.cfg.hidden_size)),
+     kestrel.CursorError, "mtp_fill: position 7 is not contiguous with the MTP cursor"),
+    ("mtp_fill hidden misshapen", None, lambda e, V, rng: e.mtp_fill(6, [1, 2], hidden(e, rng, 3, e.cfg.hidden_size)),
+     kestrel.TokenError, "mtp_fill: hidden has shape"),
+    ("mtp_fill token out of range", None, lambda e, V, rng: e.mtp_fill(6, [1, V], hidden(e, rng, 2, e.cfg.hidden_size)),
+     kestrel.TokenError, "out of range"),
     ("truncate past the rows written", None, lambda e, V, rng: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
     ("truncate negative", None, lambda e, V, rng: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
     ("select without verify", None, lambda e, V, rng: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),
@@ -231,12 +237,13 @@ class EngineRules(RuleBasedStateMachine):
             self.pos = self.pending[1] + n
             self.pending = None
 
-    @rule(dq=st.integers(-1, 1), m=st.integers(1, 3), bad_hidden=st.booleans())
-    def mtp_step(self, dq, m, bad_hidden):
+    @rule(dq=st.integers(-1, 1), m=st.integers(1, 3), bad_hidden=st.booleans(), fill=st.booleans())
+    def mtp_step(self, dq, m, bad_hidden, fill):
         q = self.mtp + dq
         hid = np.ones((m, self.D + (1 if bad_hidden else 0)), np.float32)
         ok = dq == 0 and q + m <= 20 and not bad_hidden
-        if self.attempt(ok, lambda: self.e.mtp_step(q, [3] * m, hid)):
+        entry = self.e.mtp_fill if fill else self.e.mtp_step
+        if self.attempt(ok, lambda: entry(q, [3] * m, hid)):
             self.mtp += m
 
     @rule()

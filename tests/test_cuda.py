@@ -163,6 +163,32 @@ def test_primitives_bit_exact_on_gpu(name, rng):
     assert np.array_equal(host(m3.logits), host(m1.logits))
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_mtp_fill_gpu(name, dtype, rng):
+    """mtp_fill's plan (the MTP program cut after its attention) writes the MTP KV rows bit for
+    bit as mtp_step's does, at M = 1..5 and at any start row, and leaves the next draft's bits alone."""
+    gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=6)
+    V, D = gpu.cfg.vocab_size, gpu.cfg.hidden_size
+    prompt = rng.integers(0, V, 10).tolist()
+    for q, m in ((0, 5), (4, 1), (5, 3)):
+        hid = rng.standard_normal((m, D)).astype(np.float32)
+        toks = rng.integers(0, V, m).tolist()
+        got = []
+        for entry in ("mtp_step", "mtp_fill"):
+            e = kestrel.Engine(gpu, max_seq=64, mmax=3)
+            s = e.prefill(prompt)
+            if q:
+                e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
+            for _ in range(2):          # the second call replays the captured graph
+                e.mtp_truncate(q)
+                getattr(e, entry)(q, toks, hid)
+            nxt = e.mtp_step(q + m, 3, hid[-1])
+            got.append((live(e), host(nxt.logits)))
+        assert_same(got[0][0], got[1][0])
+        assert np.array_equal(got[0][1], got[1][1])
+
+
 @pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("m", [1, 3, 4])
 def test_verify_checkpointed_gpu(name, m, rng):

@@ -177,6 +177,29 @@ def test_mtp_truncate_invalidates_snapshot(model, rng):
     assert e.mtp_cursor == 5 and np.array_equal(a.logits, b.logits)
 
 
+def test_mtp_fill_writes_the_rows_mtp_step_writes(model, rng):
+    """mtp_fill is the MTP program cut after its attention: the KV rows, the cursor and every
+    other buffer are bit-identical to mtp_step's, at any M and any start row."""
+    V, D = model.cfg.vocab_size, model.cfg.hidden_size
+    prompt = rng.integers(0, V, 9).tolist()
+    for q, m in ((0, 8), (3, 1), (5, 3)):
+        hid = rng.standard_normal((m, D)).astype(np.float32)
+        toks = rng.integers(0, V, m).tolist()
+        states = []
+        for entry in ("mtp_step", "mtp_fill"):
+            e, s = fresh_engine(model, prompt, mmax=3)
+            if q:
+                e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
+            out = getattr(e, entry)(q, toks, hid)
+            assert (out is None) == (entry == "mtp_fill")
+            states.append(e.snapshot_state())
+        a, b = states
+        assert a["mtp_len"] == b["mtp_len"] == q + m
+        assert not np.array_equal(a["mtp_kc"][q:q + m], 0 * a["mtp_kc"][q:q + m])
+        for k in a:
+            assert np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k], k
+
+
 def test_rows_past_cursors_are_never_read(model, rng):
     """Poison everything invisible with NaN (KV rows >= cursor, MTP rows >= its cursor, the
     non-live GDN slots, the snapshot buffers): results and visible state are unchanged."""

@@ -232,6 +232,30 @@ def test_wrong_mtp_inputs_stay_bit_exact(model, starts, refs, mtp_runs, feed):
         assert acc_bad / rounds_bad < acc_good / rounds_good
 
 
+@pytest.mark.parametrize("drafter", ["mtp-article", "mtp"])
+def test_mtp_fill_keeps_every_draft(model, starts, refs, drafter, monkeypatch):
+    """The drafters keep the MTP slot with mtp_fill (no MLP, norm or head); a run whose every
+    fill is a whole mtp_step has the same drafts, n_ok and stream, round by round, in the
+    standard round and in the negative control's (which re-appends rows after a rollback)."""
+    variants = [spec.Mistakes(), spec.Mistakes(mark_first=True)]
+    lean = [spec.run_spec(model, starts[i], T, 3, "replay", drafter, reference=refs[i], greedy=False, mistakes=w)
+            for i in (0, 3) for w in variants]
+    calls = []
+
+    def fill_by_step(self, pos, token, hidden):
+        calls.append(pos)
+        self.mtp_step(pos, token, hidden)
+
+    monkeypatch.setattr(kestrel.Engine, "mtp_fill", fill_by_step)
+    whole = [spec.run_spec(model, starts[i], T, 3, "replay", drafter, reference=refs[i], greedy=False, mistakes=w)
+             for i in (0, 3) for w in variants]
+    assert calls, "the drafter filled no MTP row"
+    for a, b in zip(lean, whole):
+        assert a.bit_exact and b.bit_exact and a.stream == b.stream
+        assert [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in a.rounds] == \
+               [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in b.rounds]
+
+
 # ---- 5. teacher-forced acceptance -------------------------------------------------------------------------
 def brute_force_acceptance(model, prompt, stream, depth, pairing):
     """Independent recount: per anchor a fresh engine, its own prefill and MTP rows."""

@@ -212,7 +212,8 @@ class CUDABackend:
             plan.run()
 
     def run(self, model, prog, st, tokens, pos: int, hid=None, gdn_mode: str = "in_place"):
-        """Run `prog` over M rows at positions pos.. on DeviceState `st`: (hidden [M,D], logits [M,V])."""
+        """Run `prog` over M rows at positions pos.. on DeviceState `st`: (hidden [M,D], logits [M,V]),
+        None for a program that has none (mtp_fill)."""
         M = len(tokens)
         cache = M <= GRAPH_MAX_ROWS
         with self.stream:
@@ -221,9 +222,10 @@ class CUDABackend:
                 plan.bufs["hid"][...] = hid
             self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in tokens]])
             plan.run()
+            out = plan.hidden, plan.logits
             if cache:      # the plan's buffers are reused by its next run
-                return plan.hidden.copy(), plan.logits.copy()
-            return plan.hidden, plan.logits
+                return tuple(None if a is None else a.copy() for a in out)
+            return out
 
     # ---- random weights drawn on the device ------------------------------------------------
     def random_model(self, cfg: Config, seed: int = 0, dtype: str = "fp32", gpu_draw: bool | None = None):

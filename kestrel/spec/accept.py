@@ -105,7 +105,7 @@ def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pair
         return toks[i + off], H[i]
 
     if first >= 1:
-        eng.mtp_step(0, [toks[i + off] for i in range(first)], H[:first])
+        eng.mtp_fill(0, [toks[i + off] for i in range(first)], H[:first])
     c, e = [0] * depth, [0] * depth
     hits_all, anchors = [], []
     for i in range(first, last + 1):
@@ -128,7 +128,7 @@ def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pair
         anchors.append(i)
         eng.mtp_truncate(i)
         t, hh = row(i)
-        eng.mtp_step(i, t, hh)
+        eng.mtp_fill(i, t, hh)
     return Acceptance(pairing=pairing, depth=depth, N=len(anchors), c=c, e=e, hits=hits_all, anchors=anchors)
 
 

@@ -4,7 +4,7 @@
 
 The policy prices its own phases (Policy.cost: mark, verify, rollback, replay); the pairing
 prices the draft (Pairing.mtp_steps MTP steps) and the sync (mtp_truncate, plus one batched
-rewrite of Pairing.rewrite_rows rows under the trained pairing). Tail tokens (strict, fewer
+mtp_fill of Pairing.rewrite_rows rows under the trained pairing). Tail tokens (strict, fewer
 than k left): step + argmax each. Greedy: step + argmax per token.
 
 predict() takes an n_ok histogram, a sequence, or a per-depth profile; predict_result() prices

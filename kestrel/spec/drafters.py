@@ -3,8 +3,10 @@
 The MTP head has its own KV cache and cursor (an independent slot). At every round start it
 must hold rows [0, p) written and its cursor at p; the engine's contiguity rule on mtp_step
 catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
-the prompt's hiddens, in one batched mtp_step, and re-establishes the invariant after each
-round in `sync`.
+the prompt's hiddens, in one batched mtp_fill, and re-establishes the invariant after each
+round in `sync`. Only draft steps run the whole head (mtp_step): rows that are written but
+whose drafts nobody reads (the prompt's, a round's rewrite) go through mtp_fill, which writes
+the same KV bits without the head's MLP, norm and lm_head.
 
   mtp-article  the article's pairing (Pairing.ARTICLE). Rows pair (t_i, h_i). Draft:
             mtp_step(q=p, x=t_p, h=h_p) -> d_1, then chain x = d_j, h = the previous MTP output,
@@ -14,7 +16,7 @@ round in `sync`.
             predicts t_{i+2}. Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always
             accepted); then mtp_step(q=p, x=d_1, h=h_p) -> d_2, chain: k-1 MTP steps, rows
             p..p+k-2. Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1)
-            and rewrite rows up to p'-1 from the verified main hiddens in one batched mtp_step
+            and rewrite rows up to p'-1 from the verified main hiddens in one batched mtp_fill
             (k = 1 wrote no row in the round, so the rewrite starts at p).
   replay    an oracle forcing a given n_ok per round (a Schedule): it copies the greedy
             reference stream and corrupts draft n_ok+1, but still runs the real MTP steps of its
@@ -110,7 +112,7 @@ class MTPArticleDrafter(Drafter):
     def start(self, eng, tokens, hidden):
         P = len(tokens)
         if P >= 2:
-            eng.mtp_step(0, list(tokens[:P - 1]), hidden[:P - 1])
+            eng.mtp_fill(0, list(tokens[:P - 1]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
         self._x, self._h = [], []
@@ -123,7 +125,7 @@ class MTPArticleDrafter(Drafter):
             # trusts rollback() to have rewound the MTP cursor to the round's start: re-append
             # the confirmed rows (same inputs as drafted) at the cursor, no truncate
             xp = self.be.xp
-            eng.mtp_step(eng.mtp_cursor, self._x[:adv], xp.stack(self._h[:adv]))
+            eng.mtp_fill(eng.mtp_cursor, self._x[:adv], xp.stack(self._h[:adv]))
         else:
             eng.mtp_truncate(self.q0 + adv)
 
@@ -143,7 +145,7 @@ class MTPDrafter(Drafter):
     def start(self, eng, tokens, hidden):
         P = len(tokens)
         if P >= 2:
-            eng.mtp_step(0, list(tokens[1:P]), hidden[:P - 1])
+            eng.mtp_fill(0, list(tokens[1:P]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
         d1 = self._tok(0, ctx.a_p)
@@ -157,7 +159,7 @@ class MTPDrafter(Drafter):
         adv = len(consumed)
         # rows p..p'-1 pair (t_{i+1}, h_i): tokens t_{p+1}..t_{p'}, hiddens h_p, h_{p+1}..h_{p'-1}
         if trusting and rolled_back:
-            eng.mtp_step(eng.mtp_cursor, list(consumed), _stack_rows(self.be, ctx.h_p, hid_rows, adv))
+            eng.mtp_fill(eng.mtp_cursor, list(consumed), _stack_rows(self.be, ctx.h_p, hid_rows, adv))
             return
         base = self.q0
         c = min(eng.mtp_cursor, base + 1)       # row p (the first draft step's) is exact: keep it
@@ -165,7 +167,7 @@ class MTPDrafter(Drafter):
         i = c - base
         if i < adv:
             rows = _stack_rows(self.be, ctx.h_p, hid_rows, adv)
-            eng.mtp_step(c, list(consumed[i:adv]), rows[i:adv])
+            eng.mtp_fill(c, list(consumed[i:adv]), rows[i:adv])
 
 
 class ReplayDrafter(Drafter):

@@ -19,7 +19,8 @@ class UnitCosts:
     step_m: dict                # main model, batch of M rows (verify, flex replay)
     ckpt: dict                  # verify_checkpointed, M rows (+ per-row state slots)
     draft: float                # one MTP step (M=1) + argmax of its logits (one draft token)
-    mtp: dict                   # one batched MTP call of M rows (prompt fill, trained-pairing rewrite)
+    mtp: dict                   # one batched MTP fill of M rows (mtp_fill: the prompt's rows, the trained
+                                # pairing's rewrite; results measured before mtp_fill existed timed mtp_step)
     mark: float                 # whole GDN state copy + cursors
     rollback: float             # whole GDN state copy back + cursors
     select: float = 0.0         # select_checkpoint (cursor/slot move)
@@ -61,7 +62,7 @@ class UnitCosts:
 def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None = None, mark: float | None = None,
                rollback: float | None = None) -> UnitCosts:
     """A copy of UnitCosts with some costs changed. step scales the batch tables too (step_m and
-    verify_checkpointed, keeping their shape in M), draft scales the batched MTP table; mark and
+    verify_checkpointed, keeping their shape in M), draft scales the batched MTP fill table; mark and
     rollback (the whole-state copies) are set as given."""
     d = u.to_dict()
     if step is not None and u.step > 0:
@@ -123,7 +124,7 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     eng = Engine(model, max_seq=need, mmax=k_max, batch="flex")
     s = eng.prefill(toks)
     H = s.hidden
-    eng.mtp_step(0, toks, H)                    # MTP rows 0..ctx-1
+    eng.mtp_fill(0, toks, H)                    # MTP rows 0..ctx-1
     h1 = H[ctx - 1]
     t1 = toks[-1]
     u = {}
@@ -174,7 +175,7 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     eng.mtp_truncate(base)
 
     def mtp(m):
-        eng.mtp_step(base, toks[:m], H[:m])
+        eng.mtp_fill(base, toks[:m], H[:m])
         eng.mtp_truncate(base)
     u["mtp"] = {m: _median_ms(be, lambda m=m: mtp(m), reps, warmup) for m in range(1, k_max + 1)}
     u["truncate"] = _median_ms(be, lambda: eng.mtp_truncate(eng.mtp_cursor), reps, warmup)
