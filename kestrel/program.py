@@ -188,7 +188,9 @@ def mtp_fill_program(cfg: Config) -> Program | None:
     if mtp is None:
         return None
     last = max(i for i, op in enumerate(mtp.ops) if op.kind == "attention")
-    return Program("mtp_fill", mtp.buffers, mtp.ops[:last + 1], mtp.inputs, hidden=None, logits=None)
+    ops = mtp.ops[:last + 1]
+    used = {b for op in ops for b in (op.src, op.dst)}       # no act, hidden or logits rows to allocate
+    return Program("mtp_fill", tuple(b for b in mtp.buffers if b[0] in used), ops, mtp.inputs, hidden=None, logits=None)
 
 
 @lru_cache(maxsize=64)

@@ -494,6 +494,8 @@ def render_md(R: dict) -> str:
                              + (f", {v['GBps']:.0f} GB/s" if "GBps" in v else ""))
             L.append(f"| {k} | " + " | ".join(cells) + " |")
         L.append("| sum | " + " | ".join(f"{bd[t]['sum_ms']:.3f} ({bd[t]['launches']})" for t in tags) + " |")
+    for e in R.get("errata", []):      # added to a results file after its run, each saying what is wrong and why
+        L += ["", f"Erratum: {e}"]
     L += ["", "Goals (reported, not asserted): 27B greedy ≤ 1.12× the read floor; verify_ckpt ≤ 1.05× step at "
           "M = 2, 3, 4; ahead of transformers.", ""]
     if R.get("peer"):

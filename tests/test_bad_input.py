@@ -238,7 +238,7 @@ class EngineRules(RuleBasedStateMachine):
             self.pending = None
 
     @rule(dq=st.integers(-1, 1), m=st.integers(1, 3), bad_hidden=st.booleans(), fill=st.booleans())
-    def mtp_step(self, dq, m, bad_hidden, fill):
+    def mtp_rows(self, dq, m, bad_hidden, fill):
         q = self.mtp + dq
         hid = np.ones((m, self.D + (1 if bad_hidden else 0)), np.float32)
         ok = dq == 0 and q + m <= 20 and not bad_hidden

@@ -167,7 +167,8 @@ def test_primitives_bit_exact_on_gpu(name, rng):
 @pytest.mark.parametrize("name", PRESETS)
 def test_mtp_fill_gpu(name, dtype, rng):
     """mtp_fill's plan (the MTP program cut after its attention) writes the MTP KV rows bit for
-    bit as mtp_step's does, at M = 1..5 and at any start row, and leaves the next draft's bits alone."""
+    bit as mtp_step's does (M = 5, 1 and 3 at start rows 0, 4 and 5), graph replay included, and the
+    next MTP step's logits after either are the same bits."""
     gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=6)
     V, D = gpu.cfg.vocab_size, gpu.cfg.hidden_size
     prompt = rng.integers(0, V, 10).tolist()

@@ -22,9 +22,11 @@ the CUDA-core kernel (as do activations whose row stride or address is not a mul
 elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; they differ
 from each other in the last bits, so one engine uses one of them throughout.
 The default stays "fma": on the H200 the tensor-core kernels are flat in M, and "tmb" is ahead
-of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes 1.01-1.14 times as long as
-"fma" per 27B shape (results/cuda_notes.md, from a development run of bench_projections' timing;
-results/bench_projections.md predates gemv_tmr; chapter 7 compares the two engines end to end).
+of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes longer: summed over one 27B
+step, 1.003 times as long on the store-epilogue projections, 1.025 on the residual ones and 1.062
+on gate|up (the per-kernel tables of results/bench_engine_tmb.md and results/bench_engine.md;
+results/cuda_notes.md has per-shape figures from development runs; results/bench_projections.md
+predates gemv_tmr; chapter 7 compares the two engines end to end).
 """
 import importlib
 import os
@@ -297,7 +299,8 @@ def tmb_kernel(tiles: int, ks: int, epilogue: str = "store") -> tuple:
     where all of gemv_tmr's blocks of one row group (M <= 8) fit on the GPU at once, else
     ("tmb", tmb_shape).
     gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
-    wave runs its few warps alone (on the H200, 27B gate|up: 95 µs against gemv_tmb's 90); gemv_tmb,
+    wave runs its few warps alone (on the H200, 27B gate|up: 95 µs against gemv_tmb's 90, in a
+    development run, results/cuda_notes.md); gemv_tmb,
     whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
     t, p = tmr_shape(tiles, ks)
     fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")

@@ -62,8 +62,9 @@ class UnitCosts:
 def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None = None, mark: float | None = None,
                rollback: float | None = None) -> UnitCosts:
     """A copy of UnitCosts with some costs changed. step scales the batch tables too (step_m and
-    verify_checkpointed, keeping their shape in M), draft scales the batched MTP fill table; mark and
-    rollback (the whole-state copies) are set as given."""
+    verify_checkpointed, keeping their shape in M), draft scales the batched MTP fill table with it
+    (both run the MTP head's weights: a cheaper head makes both cheaper); mark and rollback (the
+    whole-state copies) are set as given."""
     d = u.to_dict()
     if step is not None and u.step > 0:
         f = step / u.step
@@ -184,5 +185,6 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     u["argmax"] = _median_ms(be, lambda: int(be.argmax(lg1)), reps, warmup)
     u["bookkeeping"] = _median_ms(be, lambda: (be.to_numpy(be.argmax(lgk)), int(be.argmax(lg1))), reps, warmup)
     meta = {"model": cfg.name, "device": getattr(be, "device_name", be.name), "ctx": ctx, "reps": reps,
-            "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes}
+            "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes,
+            "mtp_table": "mtp_fill"}       # what the mtp table timed (results without this key: mtp_step)
     return UnitCosts(meta=meta, **u)
