@@ -216,13 +216,10 @@ def device_name(device: Any = None) -> str:
             return name
     if os.environ.get("KESTREL_DEVICE_NAME"):
         return os.environ["KESTREL_DEVICE_NAME"]
-    cp = sys.modules.get("cupy")
-    if cp is not None:
+    if sys.modules.get("cupy") is not None:     # only where CuPy is already in use
         try:
-            dev = cp.cuda.Device()
-            props = cp.cuda.runtime.getDeviceProperties(dev.id)
-            name = props["name"]
-            return (name.decode() if isinstance(name, bytes) else str(name)) + " (GPU)"
+            from .cuda.launch import device_props
+            return device_props()["name"] + " (GPU)"
         except Exception:
             pass
     return f"{_cpu_name()} (CPU, {os.cpu_count()} cores)"

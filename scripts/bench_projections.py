@@ -559,8 +559,8 @@ def main():
     be = CUDABackend()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    l2 = int(props.get("l2CacheSize", 60 << 20))
+    from kestrel.cuda.launch import device_props
+    l2 = int(device_props().get("l2CacheSize", 60 << 20))
     R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
          "command": recorded_command("scripts/bench_projections.py", sys.argv[1:]), "commit": measured_commit(),

@@ -54,10 +54,8 @@ class CUDABackend:
 
     def __init__(self, use_graphs: bool = True, stack_projections: bool = True, pdl: bool | None = None):
         self.stream = _stream()
-        dev = cp.cuda.Device()
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        props = L.device_props()
         name = props["name"]
-        name = name.decode() if isinstance(name, bytes) else str(name)
         self.device_name = f"{name} (CUDA, CuPy {cp.__version__})"
         self.device_props = {"name": name, "sm_count": int(props["multiProcessorCount"]),
                              "memory_bytes": int(props["totalGlobalMem"]), "cc": f"{props['major']}.{props['minor']}"}

@@ -93,6 +93,25 @@ def smem(fn, nbytes: int, what: str) -> int:
     return nbytes
 
 
+_PROPS: dict = {}
+
+
+def device_props() -> dict:
+    """The current GPU's properties as the CUDA runtime reports them (CuPy's getDeviceProperties,
+    the name decoded to str), read once per device. Whatever sizes a launch or names the device
+    reads them here."""
+    import cupy as cp
+    dev = cp.cuda.Device().id
+    p = _PROPS.get(dev)
+    if p is None:
+        p = dict(cp.cuda.runtime.getDeviceProperties(dev))
+        if isinstance(p.get("name"), bytes):
+            p["name"] = p["name"].decode()
+        p["name"] = str(p.get("name", "?"))
+        _PROPS[dev] = p
+    return p
+
+
 _OCCUPANCY: dict = {}
 
 
@@ -103,8 +122,7 @@ def blocks_per_sm(fn, threads: int, nbytes: int = 0) -> int:
     (128-byte units, plus what the driver reserves a block) and block slots allow. Once a shape."""
     key = (id(fn), threads, nbytes)
     if key not in _OCCUPANCY:
-        import cupy as cp
-        p = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        p = device_props()
         warps = cdiv(threads, 32)
         per_warp = cdiv(fn.num_regs * 32, 256) * 256
         by_regs = (p["regsPerMultiprocessor"] // 4 // per_warp) * 4 // warps

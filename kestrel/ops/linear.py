@@ -154,17 +154,10 @@ def tmb_ksplit(K: int) -> int:
     return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 3)
 
 
-_DEVICE: dict = {}
-
-
 def _device() -> dict:
-    """The current GPU's compute capability and multiprocessor count (read once)."""
-    if not _DEVICE:
-        import cupy as cp
-        dev = cp.cuda.Device()
-        _DEVICE["cc"] = int(dev.compute_capability)
-        _DEVICE["sms"] = cp.cuda.runtime.getDeviceProperties(dev.id)["multiProcessorCount"]
-    return _DEVICE
+    """The current GPU's compute capability (90 for sm_90) and multiprocessor count."""
+    p = L.device_props()
+    return {"cc": 10 * int(p["major"]) + int(p["minor"]), "sms": int(p["multiProcessorCount"])}
 
 
 def tmb_eligible(W, K: int, X, ldx: int) -> bool:
