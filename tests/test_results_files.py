@@ -1,5 +1,6 @@
 """The committed results tables are what their scripts render from the committed results files,
-so a table cannot drift from its measurements (or be edited by hand)."""
+so a table cannot drift from its measurements (or be edited by hand); and the benchmark scripts'
+writers run here, on the CPU backend, where the script allows it."""
 from __future__ import annotations
 
 import subprocess
@@ -76,3 +77,18 @@ def test_measured_commit_names_the_tree(monkeypatch):
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     if head.returncode == 0:
         assert measured_commit() == head.stdout.strip()
+
+
+def test_bench_host_runs_and_writes_its_tables(tmp_path):
+    """scripts/bench_host.py on the CPU backend (the embedded model): every timing is a positive
+    number, the table holds each row, the profile names kestrel's own functions."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_host
+    path = bench_host.main(["--preset", "tiny", "--device", "cpu", "--reps", "2", "--n", "2", "--out", str(tmp_path)])
+    import json
+    R = json.loads(path.read_text())
+    assert R["model"] == "tiny (fp32)" and R["command"].startswith("python3 scripts/bench_host.py")
+    assert all(v > 0 for v in list(R["device_ms"].values()) + list(R["host_ms"].values()))
+    md = path.with_suffix(".md").read_text()
+    assert all(f"| {name} |" in md for name in R["device_ms"])
+    assert any("linear" in p["function"] for p in R["profile"])

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Where a draft step's time goes beyond the MTP step itself: results/bench_host.{json,md}.
+
+A speculative round reads a token back after every draft step, so the next step's launches wait
+for the host; a step issued right after such a read costs its device time plus whatever the host
+does before the GPU has work again. This script separates the two on one model (a preset with
+random weights, or the embedded model), medians of --reps:
+
+  with the backend's clock (device events on a GPU, the host clock on the CPU), ms per call
+    mtp_step back to back     M = 1 MTP steps with no read in between: the device's time once
+                              the host runs ahead
+    draft step                mtp_step + argmax + reading the token, as the drafters do
+    argmax + read             the argmax of one logits row and reading it
+    mtp_fill(k) back to back  the fill of k rows (the trained pairing's sync), and
+    mtp_fill(k) after a read  the same call issued right after a read, as the round issues it
+    step back to back / greedy step   the main model's step, and step + argmax + read
+  with the host clock only (time.perf_counter, the device idle first), ms of Python per call
+    mtp_step call             the whole entry, up to its return (launches issued, not finished)
+    hidden check              kestrel.inputs.hidden_rows on the previous step's hidden (the
+                              engine's validation: on a GPU it reduces on the device and waits)
+    backend run               model.mtp_forward alone (the plan's inputs, its launch)
+  and cProfile over --reps draft steps: the functions with the most time of their own.
+
+    python3 scripts/bench_host.py --preset qwen3.5-27b --out results     # on a GPU machine
+    python3 scripts/bench_host.py --preset tiny --device cpu --reps 5 --out /tmp/x
+
+Nothing here is a test; the numbers say where to look, not whether the engine is right.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime as _dt
+import json
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kestrel.results import measured_commit, recorded_command, stem as results_stem  # noqa: E402
+
+
+def med(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def per_call(be, fn, n: int, reps: int, sync_each: bool) -> float:
+    """Median over reps of (one event pair around n calls) / n, ms. sync_each: the host waits
+    after every call (fn reads something back), as a draft chain does."""
+    fn()
+    be.sync()
+    out = []
+    for _ in range(reps):
+        a = be.now()
+        for _ in range(n):
+            fn()
+            if sync_each:
+                be.sync()
+        b = be.now()
+        out.append(be.elapsed_ms(a, b) / n)
+    return med(out)
+
+
+def host_ms(be, fn, reps: int) -> float:
+    """Median Python time of fn with the device idle first (host clock), ms."""
+    out = []
+    for _ in range(reps):
+        be.sync()
+        a = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - a) * 1e3)
+    be.sync()
+    return med(out)
+
+
+def measure(model, k: int, reps: int, n: int, top: int) -> dict:
+    import kestrel
+    from kestrel import inputs
+    be, cfg = model.be, model.cfg
+    V, D = cfg.vocab_size, cfg.hidden_size
+    P = 16
+    eng = kestrel.Engine(model, max_seq=P + 8 * reps * n + 64, mmax=max(k, 1), batch="flex")
+    toks = [(7 * i + 3) % V for i in range(P)]
+    s = eng.prefill(toks)
+    eng.mtp_fill(0, toks[1:], s.hidden[:P - 1])
+    base = eng.mtp_cursor
+    h = s.hidden[P - 1]
+    H = s.hidden[P - k:]
+    lg = s.logits[P - 1]
+    t = toks[-1]
+
+    def mtp():
+        eng.mtp_step(eng.mtp_cursor, t, h)
+
+    def draft():
+        st = eng.mtp_step(eng.mtp_cursor, t, h)
+        int(be.argmax(st.logits))
+
+    def fill():
+        eng.mtp_truncate(base)
+        eng.mtp_fill(base, toks[:k], H)
+
+    def fill_after_read():
+        int(be.argmax(lg))
+        fill()
+
+    def step():
+        eng.step(eng.cursor, t)
+
+    def greedy():
+        st = eng.step(eng.cursor, t)
+        int(be.argmax(st.logits))
+
+    rows = {}
+    rows["mtp_step back to back"] = per_call(be, mtp, n, reps, False)
+    eng.mtp_truncate(base)
+    rows["draft step"] = per_call(be, draft, n, reps, True)
+    eng.mtp_truncate(base)
+    rows["argmax + read"] = per_call(be, lambda: int(be.argmax(lg)), n, reps, True)
+    rows[f"mtp_fill({k}) back to back"] = per_call(be, fill, n, reps, False)
+    rows[f"mtp_fill({k}) after a read, the read excluded"] = per_call(be, fill_after_read, n, reps, True) - rows["argmax + read"]
+    rows["step back to back"] = per_call(be, step, n, reps, False)
+    rows["greedy step"] = per_call(be, greedy, n, reps, True)
+    eng.mtp_truncate(base)
+    xp = getattr(be, "xp", None)
+    host = {
+        "mtp_step call": host_ms(be, mtp, reps * n),
+        "hidden check": host_ms(be, lambda: inputs.hidden_rows(h, (D,), "hidden", xp), reps * n),
+        "backend run": host_ms(be, lambda: model.mtp_forward([t], h.reshape(1, D), base, eng.state), reps * n),
+        "argmax + read": host_ms(be, lambda: int(be.argmax(lg)), reps * n),
+    }
+    eng.mtp_truncate(base)
+    prof = cProfile.Profile()
+    be.sync()
+    prof.enable()
+    for _ in range(reps * n):
+        draft()
+    prof.disable()
+    eng.mtp_truncate(base)
+    st = pstats.Stats(prof)
+    calls = reps * n
+    funcs = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]     # by time of its own
+    profile = [{"function": f"{Path(f[0]).name}:{f[1]}({f[2]})", "calls_per_step": v[1] / calls,
+                "own_ms_per_step": v[2] * 1e3 / calls, "cum_ms_per_step": v[3] * 1e3 / calls}
+               for f, v in funcs]
+    return {"device_ms": rows, "host_ms": host, "profile": profile,
+            "host_gap_per_draft_ms": rows["draft step"] - rows["mtp_step back to back"] - rows["argmax + read"]}
+
+
+def render_md(R: dict) -> str:
+    d, h = R["device_ms"], R["host_ms"]
+    L = ["# Host share of a draft step", "",
+         f"Device: **{R['device']}**, measured {R['date']} with `{R['command']}`"
+         + (f" (commit {R['commit']})" if R.get("commit") else "") + f". Model: {R['model']}; "
+         f"medians of {R['reps']} repeats of {R['n']} calls.", "",
+         "| call | ms per call (backend clock) |", "|---|---|"]
+    L += [f"| {name} | {v:.3f} |" for name, v in d.items()]
+    L += ["", f"Draft step − (MTP step back to back + argmax read) = {R['host_gap_per_draft_ms']:.3f} ms: the time "
+          "the device waits on the host in each step of a draft chain (on the CPU backend the host is the device, "
+          "and this is noise).", "",
+          "| host work (Python, device idle first) | ms |", "|---|---|"]
+    L += [f"| {name} | {v:.3f} |" for name, v in h.items()]
+    L += ["", "cProfile over the draft steps, the functions with the most time of their own:", "",
+          "| function | calls a step | own ms a step | cumulative ms a step |", "|---|---|---|---|"]
+    L += [f"| `{p['function']}` | {p['calls_per_step']:.1f} | {p['own_ms_per_step']:.3f} | {p['cum_ms_per_step']:.3f} |"
+          for p in R["profile"]]
+    return "\n".join(L) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="qwen3.5-27b", help="a kestrel preset (random weights) or 'tiny'")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 for the Qwen3.5 shapes)")
+    ap.add_argument("--k", type=int, default=3, help="rows of the fill (the sync after a round of k drafts)")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--n", type=int, default=8, help="calls per timed repeat")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--out", default=str(ROOT / "results"))
+    a = ap.parse_args(argv)
+    import kestrel
+    dtype = a.dtype or ("bf16" if a.preset.startswith("qwen") else "fp32")
+    model = kestrel.load(a.preset, device=a.device, dtype=dtype, seed=0)
+    if not model.has_mtp:
+        raise SystemExit(f"bench_host: {a.preset} has no MTP head")
+    R = {"device": model.be.device_name, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+         "command": recorded_command("scripts/bench_host.py", sys.argv[1:] if argv is None else argv),
+         "commit": measured_commit(), "model": f"{a.preset} ({dtype})", "k": a.k, "reps": a.reps, "n": a.n}
+    R.update(measure(model, a.k, a.reps, a.n, a.top))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{results_stem('bench_host')}.json"
+    path.write_text(json.dumps(R, indent=1))
+    path.with_suffix(".md").write_text(render_md(R))
+    print(render_md(R))
+    return path
+
+
+if __name__ == "__main__":
+    main()
