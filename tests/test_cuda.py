@@ -17,6 +17,7 @@ except Exception:  # no driver, no device
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_NDEV == 0, reason="no CUDA GPU visible to CuPy")]
 
 import kestrel  # noqa: E402
+from conftest import mtp_rows_both_ways  # noqa: E402
 from gpu import MODEL, host, rel  # noqa: E402
 from kestrel.model import Model  # noqa: E402
 from kestrel.weights import random_weights  # noqa: E402
@@ -175,17 +176,8 @@ def test_mtp_fill_gpu(name, dtype, rng):
     for q, m in ((0, 5), (4, 1), (5, 3)):
         hid = rng.standard_normal((m, D)).astype(np.float32)
         toks = rng.integers(0, V, m).tolist()
-        got = []
-        for entry in ("mtp_step", "mtp_fill"):
-            e = kestrel.Engine(gpu, max_seq=64, mmax=3)
-            s = e.prefill(prompt)
-            if q:
-                e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
-            for _ in range(2):          # the second call replays the captured graph
-                e.mtp_truncate(q)
-                getattr(e, entry)(q, toks, hid)
-            nxt = e.mtp_step(q + m, 3, hid[-1])
-            got.append((live(e), host(nxt.logits)))
+        engines = mtp_rows_both_ways(gpu, prompt, q, toks, hid, calls=2)
+        got = [(live(e), host(e.mtp_step(q + m, 3, hid[-1]).logits)) for e in engines.values()]
         assert_same(got[0][0], got[1][0])
         assert np.array_equal(got[0][1], got[1][1])
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kestrel
-from conftest import fresh_engine
+from conftest import fresh_engine, mtp_rows_both_ways
 
 
 def live(eng):
@@ -185,15 +185,7 @@ def test_mtp_fill_writes_the_rows_mtp_step_writes(model, rng):
     for q, m in ((0, 8), (3, 1), (5, 3)):
         hid = rng.standard_normal((m, D)).astype(np.float32)
         toks = rng.integers(0, V, m).tolist()
-        states = []
-        for entry in ("mtp_step", "mtp_fill"):
-            e, s = fresh_engine(model, prompt, mmax=3)
-            if q:
-                e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
-            out = getattr(e, entry)(q, toks, hid)
-            assert (out is None) == (entry == "mtp_fill")
-            states.append(e.snapshot_state())
-        a, b = states
+        a, b = (e.snapshot_state() for e in mtp_rows_both_ways(model, prompt, q, toks, hid).values())
         assert a["mtp_len"] == b["mtp_len"] == q + m
         assert not np.array_equal(a["mtp_kc"][q:q + m], 0 * a["mtp_kc"][q:q + m])
         for k in a:
