@@ -126,7 +126,7 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     rows["step back to back"] = per_call(be, step, n, reps, False)
     rows["greedy step"] = per_call(be, greedy, n, reps, True)
     eng.mtp_truncate(base)
-    xp = getattr(be, "xp", None)
+    xp = be.xp
     host = {
         "mtp_step call": host_ms(be, mtp, reps * n),
         "hidden check": host_ms(be, lambda: inputs.hidden_rows(h, (D,), "hidden", xp), reps * n),

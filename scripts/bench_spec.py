@@ -251,8 +251,9 @@ def sweep_markdown(w) -> list:
 
 
 def _units(u) -> str:
+    mtp = u.get("meta", {}).get("mtp_table", "mtp_step")      # runs before mtp_fill timed whole MTP steps
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
-            f"draft {_x(u['draft'])}; mtp_fill {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
+            f"draft {_x(u['draft'])}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
             f"select {_x(u['select'])}; verify_cached {_fmt_str(u.get('cached', {}))}; "
             f"fold {_fmt_str(u.get('fold', {}))}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 

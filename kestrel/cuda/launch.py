@@ -105,9 +105,8 @@ def device_props() -> dict:
     p = _PROPS.get(dev)
     if p is None:
         p = dict(cp.cuda.runtime.getDeviceProperties(dev))
-        if isinstance(p.get("name"), bytes):
-            p["name"] = p["name"].decode()
-        p["name"] = str(p.get("name", "?"))
+        name = p.get("name", "?")
+        p["name"] = name.decode() if isinstance(name, bytes) else str(name)
         _PROPS[dev] = p
     return p
 
