@@ -85,6 +85,19 @@ class CPUBackend:
         self.execute(model, prog, prog.ops, env, st, pos, gdn_mode)
         return env.get(prog.hidden), env.get(prog.logits)
 
+    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None):
+        """k rows of the MTP program, each fed by the one before (Model.mtp_draft): row j at
+        position pos+j reads (x_j, h_j); x_{j+1} = argmax(logits_j) or forced[j], h_{j+1} = its
+        hidden. -> (argmax tokens [k] int64, hiddens [k, D])."""
+        toks = np.empty(k, np.int64)
+        hs = np.empty((k, model.cfg.hidden_size), np.float32)
+        x, h = token, np.asarray(hid, np.float32).reshape(1, -1)
+        for j in range(k):
+            h, lg = self.run(model, prog, st, [x], pos + j, hid=h)
+            toks[j], hs[j] = self.argmax(lg[0]), h[0]
+            x = int(toks[j]) if forced is None else int(forced[j])
+        return toks, hs
+
     def fold(self, model, prog, st, n: int):
         """The fold program over the first n cached GDN input rows, in place."""
         env = {f"gdn_in.{g}": st.gdn_in[g, :n] for g in range(st.gdn_in.shape[0])}

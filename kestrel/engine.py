@@ -40,6 +40,12 @@ class Step:
     logits: object   # [V] or [M, V]
 
 
+@dataclass
+class Draft:
+    tokens: list     # the k rows' argmax tokens (the MTP head's drafts), read back once
+    hidden: object   # [k, D] the rows' h' (after mtp.norm), on the backend
+
+
 def _is_int(x) -> bool:
     return inputs.is_int(x)   # Python/NumPy ints, never bools (kestrel.inputs: one rule everywhere)
 
@@ -241,6 +247,25 @@ class Engine:
         hp, lg = self.model.mtp_forward(toks, hid, pos, self.state)
         self.mtp_len = pos + len(toks)
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
+
+    def mtp_draft(self, pos, token, hidden, k, forced=None) -> Draft:
+        """The draft chain: k MTP rows at positions pos..pos+k-1 (pos == MTP cursor), each fed by
+        the one before. Row 0 reads (token, hidden [D]); row j+1 reads the argmax of row j's
+        logits (forced[j] instead, when given: the replay oracle's tokens) and row j's h'. The
+        state it leaves is bit-identical to k mtp_step calls fed that way; the difference is
+        the host: on CUDA the argmax and the feed stay on the device and the k tokens are read
+        back once, where k mtp_step calls wait for each token before the next call."""
+        toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_draft")
+        if not single:
+            raise TokenError(f"mtp_draft: takes one token and hidden [D] (the chain's first row), got {len(toks)} tokens")
+        k = inputs.count(k, "mtp_draft: k", 1, self.max_seq - pos, "max_seq - pos")
+        if forced is not None:
+            forced = self._tokens(forced, "mtp_draft: forced")
+            if len(forced) != k:
+                raise TokenError(f"mtp_draft: forced holds {len(forced)} tokens, the chain has k={k} rows")
+        t, h = self.model.mtp_draft(int(toks[0]), hid, pos, k, self.state, forced)
+        self.mtp_len = pos + k
+        return Draft([int(x) for x in self.be.to_numpy(t)], h)
 
     def mtp_fill(self, pos, token, hidden) -> None:
         """Write the MTP head's KV rows pos..pos+M-1 (pos == MTP cursor) bit for bit as mtp_step

@@ -9,11 +9,17 @@ random weights, or the embedded model), medians of --reps:
   with the backend's clock (device events on a GPU, the host clock on the CPU), ms per call
     mtp_step back to back     M = 1 MTP steps with no read in between: the device's time once
                               the host runs ahead
-    draft step                mtp_step + argmax + reading the token, as the drafters do
+    draft step                mtp_step + argmax + reading the token, one call a draft (how the
+                              drafters drafted before the device chain)
+    draft chain, per row      one Engine.mtp_draft of k rows (argmax and feed on the device, the
+                              k tokens read once), divided by k: how the drafters draft now
     argmax + read             the argmax of one logits row and reading it
     mtp_fill(k) back to back  the fill of k rows (the trained pairing's sync), and
     mtp_fill(k) after a read  the same call issued right after a read, as the round issues it
     step back to back / greedy step   the main model's step, and step + argmax + read
+    verify_checkpointed(k) after ...  the verify alone (events around the call), after another
+                              verify, after a select that moves the slot and cursor, and after a
+                              draft chain and its read (as a round issues it)
   with the host clock only (time.perf_counter, the device idle first), ms of Python per call
     mtp_step call             the whole entry, up to its return (launches issued, not finished)
     hidden check              kestrel.inputs.hidden_rows on the previous step's hidden (the
@@ -83,7 +89,7 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     be, cfg = model.be, model.cfg
     V, D = cfg.vocab_size, cfg.hidden_size
     P = 16
-    eng = kestrel.Engine(model, max_seq=P + 8 * reps * n + 64, mmax=max(k, 1), batch="flex")
+    eng = kestrel.Engine(model, max_seq=P + 16 * reps * n + 64, mmax=max(k, 1), batch="flex")
     toks = [(7 * i + 3) % V for i in range(P)]
     s = eng.prefill(toks)
     eng.mtp_fill(0, toks[1:], s.hidden[:P - 1])
@@ -99,6 +105,10 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     def draft():
         st = eng.mtp_step(eng.mtp_cursor, t, h)
         int(be.argmax(st.logits))
+
+    def chain():
+        eng.mtp_truncate(base)
+        eng.mtp_draft(base, t, h, k)
 
     def fill():
         eng.mtp_truncate(base)
@@ -120,15 +130,36 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     eng.mtp_truncate(base)
     rows["draft step"] = per_call(be, draft, n, reps, True)
     eng.mtp_truncate(base)
+    rows[f"draft chain (mtp_draft of {k}), per row"] = per_call(be, chain, n, reps, True) / k
     rows["argmax + read"] = per_call(be, lambda: int(be.argmax(lg)), n, reps, True)
     rows[f"mtp_fill({k}) back to back"] = per_call(be, fill, n, reps, False)
     rows[f"mtp_fill({k}) after a read, the read excluded"] = per_call(be, fill_after_read, n, reps, True) - rows["argmax + read"]
     rows["step back to back"] = per_call(be, step, n, reps, False)
     rows["greedy step"] = per_call(be, greedy, n, reps, True)
     eng.mtp_truncate(base)
+    # the checkpointed verify of k rows, timed alone (an event pair around the call), after
+    # three different things: another verify (as the unit costs time it), a select that moves
+    # the live slot and the cursor (as a round leaves it), and a draft chain and its read
+    vt = toks[:k]
+
+    def verify_after(before, n_sel):
+        out = []
+        for _ in range(reps * n + 1):
+            before()
+            a = be.now()
+            eng.verify_checkpointed(eng.cursor, vt)
+            b = be.now()
+            eng.select_checkpoint(n_sel)
+            out.append(be.elapsed_ms(a, b))
+        return med(out[1:])
+    rows[f"verify_checkpointed({k}) after a verify"] = verify_after(lambda: None, 0)
+    rows[f"verify_checkpointed({k}) after select({k})"] = verify_after(lambda: None, k)
+    rows[f"verify_checkpointed({k}) after a draft chain and its read"] = verify_after(chain, 0)
+    eng.mtp_truncate(base)
     xp = be.xp
     host = {
         "mtp_step call": host_ms(be, mtp, reps * n),
+        f"mtp_draft call ({k} rows, tokens read)": host_ms(be, chain, reps * n),
         "hidden check": host_ms(be, lambda: inputs.hidden_rows(h, (D,), "hidden", xp), reps * n),
         "backend run": host_ms(be, lambda: model.mtp_forward([t], h.reshape(1, D), base, eng.state), reps * n),
         "argmax + read": host_ms(be, lambda: int(be.argmax(lg)), reps * n),
@@ -148,12 +179,13 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
                 "own_ms_per_step": v[2] * 1e3 / calls, "cum_ms_per_step": v[3] * 1e3 / calls}
                for f, v in funcs]
     return {"device_ms": rows, "host_ms": host, "profile": profile,
-            "host_gap_per_draft_ms": rows["draft step"] - rows["mtp_step back to back"] - rows["argmax + read"]}
+            "host_gap_per_draft_ms": rows["draft step"] - rows["mtp_step back to back"] - rows["argmax + read"],
+            "chain_over_mtp_per_row_ms": rows[f"draft chain (mtp_draft of {k}), per row"] - rows["mtp_step back to back"]}
 
 
 def render_md(R: dict) -> str:
     d, h = R["device_ms"], R["host_ms"]
-    L = ["# Host share of a draft step", "",
+    L = ["# Host share of a draft step, and the verify in a round's context", "",
          f"Device: **{R['device']}**, measured {R['date']} with `{R['command']}`"
          + (f" (commit {R['commit']})" if R.get("commit") else "") + f". Model: {R['model']}; "
          f"medians of {R['reps']} repeats of {R['n']} calls.", "",
@@ -162,6 +194,9 @@ def render_md(R: dict) -> str:
     L += ["", f"Draft step − (MTP step back to back + argmax read) = {R['host_gap_per_draft_ms']:.3f} ms: the time "
           "the device waits on the host in each step of a draft chain (on the CPU backend the host is the device, "
           "and this is noise).", "",
+          f"Draft chain per row − MTP step back to back = {R['chain_over_mtp_per_row_ms']:.3f} ms: what a draft "
+          "costs over its MTP step when the argmax and the feed stay on the device (the argmax kernel, two small "
+          "copies, and one read a chain).", "",
           "| host work (Python, device idle first) | ms |", "|---|---|"]
     L += [f"| {name} | {v:.3f} |" for name, v in h.items()]
     L += ["", "cProfile over the draft steps, the functions with the most time of their own:", "",

@@ -195,6 +195,11 @@ def markdown(d) -> str:
                      f"{_x(ps['ms_per_token'])} ms, {_x(ps['speedup'])}x | "
                      + " | ".join(_x(ph[p]) for p in spec.PHASES)
                      + f" | {' '.join(f'{n}:{c}' for n, c in r['hist'].items())} | {r['bit_exact']} |")
+        work = [r.get("plans_lowered_or_captured_while_timed") for r in b["runs"]]
+        if any(w is not None for w in work):
+            bad = [f"{r['schedule']} / {r['policy']} / k={r['k']}: {w}" for r, w in zip(b["runs"], work) if w]
+            L += ["", "Plans lowered or graphs captured inside the timed runs (an eager run and a capture paid "
+                  "inside the timing): " + ("none." if not bad else "; ".join(bad) + ".")]
         L += ["", "Phase columns: ms per emitted token, measured.", "",
               "Recurrent-state bytes per emitted token (GDN S + conv window + cached inputs, computed from the "
               "config for the run's own rounds; greedy moves one read and one write of the state per token):", "",
@@ -251,9 +256,11 @@ def sweep_markdown(w) -> list:
 
 
 def _units(u) -> str:
-    mtp = u.get("meta", {}).get("mtp_table", "mtp_step")      # runs before mtp_fill timed whole MTP steps
+    meta = u.get("meta", {})
+    mtp = meta.get("mtp_table", "mtp_step")      # runs before mtp_fill timed whole MTP steps
+    draft = meta.get("draft_unit", "mtp_step + argmax + read")     # runs before the device chain
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
-            f"draft {_x(u['draft'])}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
+            f"draft ({draft}) {_x(u['draft'])}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
             f"select {_x(u['select'])}; verify_cached {_fmt_str(u.get('cached', {}))}; "
             f"fold {_fmt_str(u.get('fold', {}))}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 

@@ -66,6 +66,22 @@ CASES = [
      kestrel.TokenError, "mtp_fill: hidden has shape"),
     ("mtp_fill token out of range", None, lambda e, V, rng: e.mtp_fill(6, [1, V], hidden(e, rng, 2, e.cfg.hidden_size)),
      kestrel.TokenError, "out of range"),
+    ("mtp_draft position not at its cursor", None, lambda e, V, rng: e.mtp_draft(5, 1, hidden(e, rng), 2),
+     kestrel.CursorError, "mtp_draft: position 5 is not contiguous with the MTP cursor"),
+    ("mtp_draft of two tokens", None, lambda e, V, rng: e.mtp_draft(6, [1, 2], hidden(e, rng, 2, e.cfg.hidden_size), 2),
+     kestrel.TokenError, "one token and hidden"),
+    ("mtp_draft k = 0", None, lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 0), kestrel.KestrelError,
+     r"mtp_draft: k must be an int in \[1, 18\]"),
+    ("mtp_draft k past max_seq", None, lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 19), kestrel.KestrelError,
+     "max_seq - pos"),
+    ("mtp_draft k not an int", None, lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2.0), kestrel.KestrelError,
+     "k must be an int"),
+    ("mtp_draft forced too short", None, lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 3, forced=[1, 2]),
+     kestrel.TokenError, "forced holds 2 tokens"),
+    ("mtp_draft forced out of range", None, lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, forced=[1, V]),
+     kestrel.TokenError, "out of range"),
+    ("mtp_draft hidden not finite", None, lambda e, V, rng: e.mtp_draft(6, 1, np.full(e.cfg.hidden_size, np.nan, np.float32), 2),
+     kestrel.KestrelError, "mtp_draft: hidden contains NaN or Inf"),
     ("truncate past the rows written", None, lambda e, V, rng: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
     ("truncate negative", None, lambda e, V, rng: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
     ("select without verify", None, lambda e, V, rng: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),
@@ -245,6 +261,14 @@ class EngineRules(RuleBasedStateMachine):
         entry = self.e.mtp_fill if fill else self.e.mtp_step
         if self.attempt(ok, lambda: entry(q, [3] * m, hid)):
             self.mtp += m
+
+    @rule(dq=st.integers(-1, 1), k=st.integers(0, 4), bad_hidden=st.booleans())
+    def mtp_draft(self, dq, k, bad_hidden):
+        q = self.mtp + dq
+        hid = np.ones(self.D + (1 if bad_hidden else 0), np.float32)
+        ok = dq == 0 and k >= 1 and q + k <= 20 and not bad_hidden
+        if self.attempt(ok, lambda: self.e.mtp_draft(q, 3, hid, k)):
+            self.mtp += k
 
     @rule()
     def mark(self):

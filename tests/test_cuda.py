@@ -17,7 +17,7 @@ except Exception:  # no driver, no device
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_NDEV == 0, reason="no CUDA GPU visible to CuPy")]
 
 import kestrel  # noqa: E402
-from conftest import mtp_rows_both_ways  # noqa: E402
+from conftest import draft_both_ways, mtp_rows_both_ways  # noqa: E402
 from gpu import MODEL, host, rel  # noqa: E402
 from kestrel.model import Model  # noqa: E402
 from kestrel.weights import random_weights  # noqa: E402
@@ -180,6 +180,28 @@ def test_mtp_fill_gpu(name, dtype, rng):
         got = [(live(e), host(e.mtp_step(q + m, 3, hid[-1]).logits)) for e in engines.values()]
         assert_same(got[0][0], got[1][0])
         assert np.array_equal(got[0][1], got[1][1])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_mtp_draft_gpu(name, dtype, rng):
+    """The device draft chain (argmax, feed, hidden and position moved between graph replays
+    on the device) leaves every buffer bit-identical to k mtp_step calls fed from the host, with
+    the same drafts and hiddens; forced tokens too; graph replay included (calls=2)."""
+    gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=6)
+    V, D = gpu.cfg.vocab_size, gpu.cfg.hidden_size
+    prompt = rng.integers(0, V, 10).tolist()
+    for q, k, forced in ((0, 1, False), (4, 4, False), (9, 3, True)):
+        h = gpu.be.asarray(rng.standard_normal(D).astype(np.float32))
+        f = rng.integers(0, V, k).tolist() if forced else None
+        got = draft_both_ways(gpu, prompt, q, int(rng.integers(0, V)), h, k, forced=f, calls=2)
+        (ea, ta, ha), (eb, tb, hb) = got["mtp_draft"], got["mtp_step"]
+        assert ta == tb and np.array_equal(ha, hb)
+        assert ea.mtp_cursor == eb.mtp_cursor == q + k
+        assert_same(live(ea), live(eb))
+        a, b = ea.snapshot_state(), eb.snapshot_state()
+        for key in a:
+            assert np.array_equal(a[key], b[key]) if isinstance(a[key], np.ndarray) else a[key] == b[key], key
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kestrel
-from conftest import fresh_engine, mtp_rows_both_ways
+from conftest import draft_both_ways, fresh_engine, mtp_rows_both_ways
 
 
 def live(eng):
@@ -190,6 +190,32 @@ def test_mtp_fill_writes_the_rows_mtp_step_writes(model, rng):
         assert not np.array_equal(a["mtp_kc"][q:q + m], 0 * a["mtp_kc"][q:q + m])
         for k in a:
             assert np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k], k
+
+
+def test_mtp_draft_is_k_chained_mtp_steps(model, rng):
+    """mtp_draft's chain (each row fed the argmax of the row before and its h', or the forced
+    tokens) leaves every buffer and cursor bit-identical to k mtp_step calls fed the same way,
+    and returns the same drafts and hiddens."""
+    V, D = model.cfg.vocab_size, model.cfg.hidden_size
+    prompt = rng.integers(0, V, 9).tolist()
+    for q, k, forced in ((0, 1, False), (4, 3, False), (8, 5, False), (5, 4, True)):
+        h = rng.standard_normal(D).astype(np.float32)
+        x = int(rng.integers(0, V))
+        f = rng.integers(0, V, k).tolist() if forced else None
+        got = draft_both_ways(model, prompt, q, x, h, k, forced=f)
+        (ea, ta, ha), (eb, tb, hb) = got["mtp_draft"], got["mtp_step"]
+        assert ta == tb and len(ta) == k and np.array_equal(ha, hb)
+        assert ea.mtp_cursor == eb.mtp_cursor == q + k
+        a, b = ea.snapshot_state(), eb.snapshot_state()
+        for name in a:
+            assert np.array_equal(a[name], b[name]) if isinstance(a[name], np.ndarray) else a[name] == b[name], name
+    # the feed matters: a chain fed other tokens writes other rows (the comparison can fail)
+    h = rng.standard_normal(D).astype(np.float32)
+    e1, _ = fresh_engine(model, prompt, mmax=3)
+    e2, _ = fresh_engine(model, prompt, mmax=3)
+    d = e1.mtp_draft(0, 1, h, 3)
+    e2.mtp_draft(0, 1, h, 3, forced=[(t + 1) % V for t in d.tokens])
+    assert not np.array_equal(e1.state.mtp_kc[2], e2.state.mtp_kc[2])
 
 
 def test_rows_past_cursors_are_never_read(model, rng):

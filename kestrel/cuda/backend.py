@@ -30,7 +30,12 @@ from . import launch as L
 from .lower import lower
 from .plan import GRAPH_MAX_ROWS, Staging
 
-PLAN_CACHE = 48                               # cached plans per model (LRU)
+# Cached plans per model (LRU). A plan is a few MB of activation buffers (27B, M = 4: 5 MB) and
+# one graph; re-lowering an evicted plan costs an eager run and a capture (tens of ms at 27B),
+# and a benchmark that cycles engines must never pay that inside a timed run. 48 did not hold
+# the speculative benchmark's engines (3 policies' plans x 2 batch modes x k = 2..4, with the
+# unit-cost and greedy engines): its timed runs re-lowered plans.
+PLAN_CACHE = 256
 GPU_DRAW_MIN_PARAMS = 50_000_000              # random_model draws on the GPU from this size up
 
 _STREAM = None
@@ -69,7 +74,7 @@ class CUDABackend:
         self._plans = weakref.WeakKeyDictionary()     # model -> OrderedDict(key -> Plan)
         self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
         self._tiled = weakref.WeakKeyDictionary()     # model -> {matrix key: (matrix, tiled copy)}
-        self.stats = {"graphs_captured": 0, "pdl_graphs": 0, "graph_replays": 0, "eager_runs": 0, "graph_errors": []}
+        self.stats = {"plans_lowered": 0, "graphs_captured": 0, "pdl_graphs": 0, "graph_replays": 0, "eager_runs": 0, "graph_errors": []}
 
     # ---- memory -------------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32):
@@ -196,6 +201,7 @@ class CUDABackend:
         plan = plans.get(key)
         if plan is None:
             plan = plans[key] = lower(self, model, prog, st, M, gdn_mode)
+            self.stats["plans_lowered"] += 1
             while len(plans) > PLAN_CACHE:
                 plans.popitem(last=False)
         else:
@@ -224,6 +230,36 @@ class CUDABackend:
             if cache:      # the plan's buffers are reused by its next run
                 return tuple(None if a is None else a.copy() for a in out)
             return out
+
+    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None):
+        """The draft chain on the device (the CPU backend's mtp_chain, without the host in the
+        loop): the M = 1 plan of the MTP program replays k times, and between replays the argmax
+        kernel writes row j's token and small copies move it (or forced[j]) into the plan's ctrl
+        block, row j's h' into its hid buffer and the position on by one. The host only enqueues;
+        nothing waits for a token until the caller reads them all. Each replay is the very graph
+        mtp_step replays, so every row holds the bits of k separate mtp_step calls.
+        -> (argmax tokens [k] int64, hiddens [k, D]) on the device."""
+        with self.stream:
+            plan = self._plan(model, prog, st, 1, "in_place")
+            toks = cp.empty(k, np.int64)
+            hs = cp.empty((k, model.cfg.hidden_size), np.float32)
+            feed = toks
+            if forced is not None:
+                feed = cp.empty(k, np.int32)
+                self._staging.put(feed, [int(t) for t in forced])
+            plan.bufs["hid"][...] = hid.reshape(1, -1)
+            self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, int(token)])
+            tok, at = plan.ctrl[L.CTRL_TOK:L.CTRL_TOK + 1], plan.ctrl[L.CTRL_POS:L.CTRL_POS + 1]
+            V = model.cfg.vocab_size
+            for j in range(k):
+                plan.run()
+                hs[j] = plan.hidden[0]
+                L.go(_head.argmax_launch(plan.logits, V, 1, V, toks[j:j + 1]), self.stream)
+                if j + 1 < k:
+                    plan.bufs["hid"][...] = plan.hidden
+                    tok[...] = feed[j:j + 1]
+                    at += 1
+        return toks, hs
 
     # ---- random weights drawn on the device ------------------------------------------------
     def random_model(self, cfg: Config, seed: int = 0, dtype: str = "fp32", gpu_draw: bool | None = None):

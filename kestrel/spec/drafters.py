@@ -10,7 +10,8 @@ the same KV bits without the head's MLP, norm and lm_head.
 
   mtp-article  the article's pairing (Pairing.ARTICLE). Rows pair (t_i, h_i). Draft:
             mtp_step(q=p, x=t_p, h=h_p) -> d_1, then chain x = d_j, h = the previous MTP output,
-            q += 1: k MTP steps, rows p..p+k-1. Sync: keep the draft rows and truncate to p'
+            q += 1: k MTP steps, rows p..p+k-1, in one Engine.mtp_draft (the chain runs on the
+            device and its tokens are read back once). Sync: keep the draft rows and truncate to p'
             (those rows hold confirmed tokens, with draft-time hiddens).
   mtp       the pairing the MTP was trained for (Pairing.TRAINED): (x = t_{i+1}, h = h_i)
             predicts t_{i+2}. Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always
@@ -93,16 +94,19 @@ class Drafter:
         return d if self.forced is None else self.forced[j]
 
     def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False) -> list:
-        """Draft j = j0..k-1 by the MTP chain: mtp_step(q, x, h) -> d_j, then x = d_j, h = its
-        hidden, q + 1. keep: record each row's inputs (the article pairing re-appends them)."""
-        for j in range(j0, k):
-            if keep:
-                self._x.append(x)
-                self._h.append(h)
-            s = eng.mtp_step(q, x, h)
-            d = self._tok(j, int(self.be.argmax(s.logits)))
-            drafts.append(d)
-            x, h, q = d, s.hidden, q + 1
+        """Drafts j = j0..k-1 by the MTP chain (one Engine.mtp_draft of k - j0 rows): row q reads
+        (x, h), each next row the draft before it and that row's h'. keep: record each row's
+        inputs (the article pairing re-appends them in the negative control)."""
+        n = k - j0
+        if n <= 0:
+            return drafts
+        forced = None if self.forced is None else self.forced[j0:k]
+        d = eng.mtp_draft(q, x, h, n, forced=forced)
+        toks = d.tokens if forced is None else [int(t) for t in forced]
+        if keep:
+            self._x += [x] + toks[:n - 1]
+            self._h += [h] + [d.hidden[i] for i in range(n - 1)]
+        drafts += toks
         return drafts
 
 

@@ -18,7 +18,9 @@ class UnitCosts:
     step: float                 # main model, M=1 step
     step_m: dict                # main model, batch of M rows (verify, flex replay)
     ckpt: dict                  # verify_checkpointed, M rows (+ per-row state slots)
-    draft: float                # one MTP step (M=1) + argmax of its logits (one draft token)
+    draft: float                # one draft token: a k_max-row mtp_draft chain (MTP step + argmax on the
+                                # device, tokens read once) / k_max; results without meta["draft_unit"]
+                                # timed one mtp_step + argmax + read per token
     mtp: dict                   # one batched MTP fill of M rows (mtp_fill: the prompt's rows, the trained
                                 # pairing's rewrite; results measured before mtp_fill existed timed mtp_step)
     mark: float                 # whole GDN state copy + cursors
@@ -170,9 +172,9 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     base = eng.mtp_cursor
 
     def draft():
-        st = eng.mtp_step(eng.mtp_cursor, t1, h1)
-        int(be.argmax(st.logits))
-    u["draft"] = _median_ms(be, draft, reps, warmup)
+        eng.mtp_truncate(base)
+        eng.mtp_draft(base, t1, h1, k_max)
+    u["draft"] = _median_ms(be, draft, reps, warmup) / k_max
     eng.mtp_truncate(base)
 
     def mtp(m):
@@ -186,5 +188,6 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     u["bookkeeping"] = _median_ms(be, lambda: (be.to_numpy(be.argmax(lgk)), int(be.argmax(lg1))), reps, warmup)
     meta = {"model": cfg.name, "device": getattr(be, "device_name", be.name), "ctx": ctx, "reps": reps,
             "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes,
-            "mtp_table": "mtp_fill"}       # what the mtp table timed (results without this key: mtp_step)
+            "mtp_table": "mtp_fill",       # what the mtp table timed (results without this key: mtp_step)
+            "draft_unit": f"mtp_draft chain of {k_max} / {k_max}"}   # (without this key: mtp_step + argmax + read)
     return UnitCosts(meta=meta, **u)
