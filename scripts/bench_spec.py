@@ -10,7 +10,8 @@
       article's histogram (0:24 1:6 2:11 3:4, article pairing, k=3, 4), by the E16 profile (both
       pairings, k=2..4) and by a flat profile whose mean advance is 2.8 tokens per round (trained
       pairing, k=4: the mean acceptance length reported for Qwen3.6-27B's MTP head with three
-      draft tokens), under every policy, with each phase's cost and the recurrent-state bytes
+      draft tokens) and by an n_ok sequence that advances exactly 2.8 a round (the profile's
+      seeded draw over one run need not: spec.sweep.SEQ_2P8), under every policy, with each phase's cost and the recurrent-state bytes
       each round moved (from the config: Policy.state_traffic). Each run is repeated --repeats
       times (single runs vary by about 10%): ms/token the medians, speedup greedy / spec of the
       medians, each with the repeats' min..max range (spec.large_runs, which the book also runs live on a GPU that holds the shape).
