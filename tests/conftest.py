@@ -67,15 +67,21 @@ def fresh_engine(model, prompt, **kw):
     return eng, s
 
 
+def with_mtp_rows(model, prompt, q: int):
+    """A fresh engine holding `prompt` and MTP rows 0..q-1 (written by one mtp_step)."""
+    e, s = fresh_engine(model, prompt, mmax=3)
+    if q:
+        e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
+    return e
+
+
 def mtp_rows_both_ways(model, prompt, q: int, toks, hid, calls: int = 1) -> dict:
     """Two engines holding `prompt` and MTP rows 0..q-1; one writes rows q.. with mtp_step, the
     other with mtp_fill (each `calls` times, truncated back to q first: on a GPU the second call
     replays the captured graph). -> {"mtp_step": engine, "mtp_fill": engine}"""
     out = {}
     for entry in ("mtp_step", "mtp_fill"):
-        e, s = fresh_engine(model, prompt, mmax=3)
-        if q:
-            e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
+        e = with_mtp_rows(model, prompt, q)
         for _ in range(calls):
             e.mtp_truncate(q)
             assert (getattr(e, entry)(q, toks, hid) is None) == (entry == "mtp_fill")
@@ -92,9 +98,7 @@ def draft_both_ways(model, prompt, q: int, x: int, h, k: int, forced=None, calls
     be = model.be
     out = {}
     for entry in ("mtp_draft", "mtp_step"):
-        e, s = fresh_engine(model, prompt, mmax=3)
-        if q:
-            e.mtp_step(0, prompt[1:q + 1], s.hidden[:q])
+        e = with_mtp_rows(model, prompt, q)
         for _ in range(calls):
             e.mtp_truncate(q)
             if entry == "mtp_draft":
