@@ -207,7 +207,7 @@ def cmd_costs(args) -> int:
     _checked(lambda: spec.check_measurement(model, args.k, args.ctx, args.reps, 1), "")
     u = spec.measure_unit_costs(model, k_max=args.k, ctx=args.ctx, reps=args.reps)
     print(f"[costs] {model.cfg.name} on {u.meta['device']}, context {args.ctx} (median of {args.reps}), ms:")
-    print(f"  step(M=1) {u.step:.3f}  draft(MTP M=1 + argmax) {u.draft:.3f}  mark {u.mark:.3f}  "
+    print(f"  step(M=1) {u.step:.3f}  draft(a draft token: MTP M=1 + argmax, in a chain) {u.draft:.3f}  mark {u.mark:.3f}  "
           f"rollback {u.rollback:.3f}  select {u.select:.3f}  argmax {u.argmax:.3f}")
     for m in sorted(u.step_m):
         print(f"  M={m}: step_m {u.step_m[m]:.3f}  verify_checkpointed {u.ckpt[m]:.3f}  mtp_fill {u.mtp[m]:.3f}")

@@ -255,10 +255,12 @@ class Engine:
         state it leaves is bit-identical to k mtp_step calls fed that way; the difference is
         the host: on CUDA the argmax and the feed stay on the device and the k tokens are read
         back once, where k mtp_step calls wait for each token before the next call."""
-        toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_draft")
-        if not single:
-            raise TokenError(f"mtp_draft: takes one token and hidden [D] (the chain's first row), got {len(toks)} tokens")
-        k = inputs.count(k, "mtp_draft: k", 1, self.max_seq - pos, "max_seq - pos")
+        if not (_is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)):
+            raise TokenError(f"mtp_draft: takes one token (an int) and hidden [D], the chain's first row; "
+                             f"got {token!r:.40}")
+        toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_draft")
+        k = inputs.count(k, "mtp_draft: k", 1)
+        self._check_pos(pos, k, self.mtp_len, "mtp_draft", "MTP cursor")      # the k rows fit in max_seq
         if forced is not None:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:

@@ -159,7 +159,7 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     xp = be.xp
     host = {
         "mtp_step call": host_ms(be, mtp, reps * n),
-        f"mtp_draft call ({k} rows, tokens read)": host_ms(be, chain, reps * n),
+        f"mtp_draft call ({k} rows, until its tokens are read: the chain's device time included)": host_ms(be, chain, reps * n),
         "hidden check": host_ms(be, lambda: inputs.hidden_rows(h, (D,), "hidden", xp), reps * n),
         "backend run": host_ms(be, lambda: model.mtp_forward([t], h.reshape(1, D), base, eng.state), reps * n),
         "argmax + read": host_ms(be, lambda: int(be.argmax(lg)), reps * n),
@@ -195,8 +195,8 @@ def render_md(R: dict) -> str:
           "the device waits on the host in each step of a draft chain (on the CPU backend the host is the device, "
           "and this is noise).", "",
           f"Draft chain per row − MTP step back to back = {R['chain_over_mtp_per_row_ms']:.3f} ms: what a draft "
-          "costs over its MTP step when the argmax and the feed stay on the device (the argmax kernel, two small "
-          "copies, and one read a chain).", "",
+          "costs over its MTP step when the argmax and the feed stay on the device (the argmax kernel, three small "
+          "copies and a position increment a row, and one read a chain).", "",
           "| host work (Python, device idle first) | ms |", "|---|---|"]
     L += [f"| {name} | {v:.3f} |" for name, v in h.items()]
     L += ["", "cProfile over the draft steps, the functions with the most time of their own:", "",
@@ -211,7 +211,7 @@ def main(argv=None):
     ap.add_argument("--preset", default="qwen3.5-27b", help="a kestrel preset (random weights) or 'tiny'")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 for the Qwen3.5 shapes)")
-    ap.add_argument("--k", type=int, default=3, help="rows of the fill (the sync after a round of k drafts)")
+    ap.add_argument("--k", type=int, default=3, help="rows of the fill (the sync after a round of k drafts), of the draft chain and of the verify")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--n", type=int, default=8, help="calls per timed repeat")
     ap.add_argument("--top", type=int, default=15)

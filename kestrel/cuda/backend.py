@@ -74,6 +74,7 @@ class CUDABackend:
         self._plans = weakref.WeakKeyDictionary()     # model -> OrderedDict(key -> Plan)
         self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
         self._tiled = weakref.WeakKeyDictionary()     # model -> {matrix key: (matrix, tiled copy)}
+        # plans_lowered counts the cached plans (M <= GRAPH_MAX_ROWS); wider ones (a prompt) are lowered per call
         self.stats = {"plans_lowered": 0, "graphs_captured": 0, "pdl_graphs": 0, "graph_replays": 0, "eager_runs": 0, "graph_errors": []}
 
     # ---- memory -------------------------------------------------------------------------

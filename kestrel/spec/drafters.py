@@ -4,7 +4,7 @@ The MTP head has its own KV cache and cursor (an independent slot). At every rou
 must hold rows [0, p) written and its cursor at p; the engine's contiguity rule on mtp_step
 catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
 the prompt's hiddens, in one batched mtp_fill, and re-establishes the invariant after each
-round in `sync`. Only draft steps run the whole head (mtp_step): rows that are written but
+round in `sync`. Only draft steps run the whole head (one mtp_draft chain a round): rows that are written but
 whose drafts nobody reads (the prompt's, a round's rewrite) go through mtp_fill, which writes
 the same KV bits without the head's MLP, norm and lm_head.
 

@@ -52,8 +52,9 @@ QUICK_PRESETS = ("test-a", "test-b")          # CPU stand-ins: the same code pat
 LARGE = "qwen3.5-27b"
 KS = (1, 2, 3, 4)
 ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8 (trained pairing, k = 4)
-# n_ok round by round, cycled, advancing exactly 2.8 tokens a round: the profile above only in
-# expectation (its seeded draw over a 64-token run advanced 2.46 a round on 2026-12-02)
+# n_ok round by round, cycled: 2.8 tokens a round over each 5-round cycle (a 64-token run, whose
+# last round is shrunk, advances 2.78); the profile above gives 2.8 only in expectation (its
+# seeded draw over a 64-token run advanced 2.46 a round on 2026-12-02)
 SEQ_2P8 = (4, 2, 4, 1, 3)
 CPU_WEIGHT_LIMIT = 64 * 2 ** 20     # the largest weights a CPU sweep loads (tiny and the test shapes)
 HEADROOM = 1.25                     # GPU memory for states, caches and plans beyond the weights
