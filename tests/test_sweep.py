@@ -155,3 +155,52 @@ def test_bench_script_quick_writes_the_sweep(tmp_path):
     p = subprocess.run(cmd + ["--skip-large", "--skip-sweep"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0
     assert "sweep" not in json.loads((tmp_path / "bench_spec_quick.json").read_text())
+
+
+def _replay_plan_traffic(monkeypatch, size: int, T: int = 24) -> dict:
+    """The speculative benchmark's large runs on test-a, with the CUDA backend's plan cache
+    (kestrel/cuda/cache.py) replayed around the CPU backend: every program run of at most
+    GRAPH_MAX_ROWS rows looks its plan up by (program, rows, GDN mode, engine state) in a
+    PlanCache of `size`; a miss counts a lowering, a cached plan's second use a capture.
+    -> the runs' rows, with plans_lowered_or_captured_while_timed as on a GPU."""
+    from kestrel.backend import CPUBackend
+    from kestrel.cuda.cache import GRAPH_MAX_ROWS, PlanCache
+    model = kestrel.load("test-a", device="cpu", seed=3)
+    cache, stats = PlanCache(size), {"plans_lowered": 0, "graphs_captured": 0}
+    model.be.stats = stats
+    run, fold = CPUBackend.run, CPUBackend.fold
+
+    def use(prog, st, m, mode):
+        if m > GRAPH_MAX_ROWS:
+            return
+        made = cache.made
+        plan = cache.get_or_make((prog.name, m, mode, id(st.S)), lambda: {"uses": 0})
+        stats["plans_lowered"] += cache.made - made
+        plan["uses"] += 1
+        stats["graphs_captured"] += plan["uses"] == 2
+
+    def traced_run(be, model, prog, st, tokens, pos, hid=None, gdn_mode="in_place"):
+        use(prog, st, len(tokens), gdn_mode)
+        return run(be, model, prog, st, tokens, pos, hid, gdn_mode)
+
+    def traced_fold(be, model, prog, st, n):
+        use(prog, st, n, "in_place")
+        return fold(be, model, prog, st, n)
+
+    monkeypatch.setattr(CPUBackend, "run", traced_run)
+    monkeypatch.setattr(CPUBackend, "fold", traced_fold)
+    out = sweep.large_runs(model, T=T, P=8, repeats=1, reps=1)
+    assert stats["plans_lowered"] > 0 and stats["graphs_captured"] > 0
+    return out["runs"]
+
+
+def test_timed_runs_lower_and_capture_no_plan(monkeypatch):
+    """The large runs' warm-up (each run twice, in full) leaves every plan their timed repeats
+    use lowered and captured in the backend's cache; with the 48 plans the cache used to keep,
+    the timed runs re-lowered some (so the replay can tell the two apart)."""
+    from kestrel.cuda.cache import PLAN_CACHE
+    rows = _replay_plan_traffic(monkeypatch, size=PLAN_CACHE)
+    assert {r["schedule"] for r in rows} == {s[0] for s in sweep.LARGE_SCHEDULES}
+    assert [r["plans_lowered_or_captured_while_timed"] for r in rows] == [0] * len(rows)
+    rows = _replay_plan_traffic(monkeypatch, size=48)
+    assert sum(r["plans_lowered_or_captured_while_timed"] for r in rows) > 0

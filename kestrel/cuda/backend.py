@@ -12,7 +12,6 @@ reduction orders (tests/test_cuda.py checks it).
 """
 from __future__ import annotations
 
-import collections
 import os
 import weakref
 
@@ -28,14 +27,9 @@ from ..program import expected_shapes, stacks
 from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
 from . import launch as L
 from .lower import lower
-from .plan import GRAPH_MAX_ROWS, Staging
+from .cache import GRAPH_MAX_ROWS, PlanCache
+from .plan import Staging
 
-# Cached plans per model (LRU). A plan is a few MB of activation buffers (27B, M = 4: 5 MB) and
-# one graph; re-lowering an evicted plan costs an eager run and a capture (tens of ms at 27B),
-# and a benchmark that cycles engines must never pay that inside a timed run. 48 did not hold
-# the speculative benchmark's engines (3 policies' plans x 2 batch modes x k = 2..4, with the
-# unit-cost and greedy engines): its timed runs re-lowered plans.
-PLAN_CACHE = 256
 GPU_DRAW_MIN_PARAMS = 50_000_000              # random_model draws on the GPU from this size up
 
 _STREAM = None
@@ -71,7 +65,7 @@ class CUDABackend:
         self.pdl = bool(pdl)
         self._staging = Staging(self.stream)
         self._rope = {}
-        self._plans = weakref.WeakKeyDictionary()     # model -> OrderedDict(key -> Plan)
+        self._plans = weakref.WeakKeyDictionary()     # model -> PlanCache (cache.py)
         self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
         self._tiled = weakref.WeakKeyDictionary()     # model -> {matrix key: (matrix, tiled copy)}
         # plans_lowered counts the cached plans (M <= GRAPH_MAX_ROWS); wider ones (a prompt) are lowered per call
@@ -188,9 +182,9 @@ class CUDABackend:
             t = self._rope[key] = (cp.asarray(cos), cp.asarray(sin))
         return t
 
-    def plans(self, model) -> collections.OrderedDict:
+    def plans(self, model) -> PlanCache:
         """The model's cached plans (benchmarks read their graphs)."""
-        return self._plans.setdefault(model, collections.OrderedDict())
+        return self._plans.setdefault(model, PlanCache())
 
     def _plan(self, model, prog, st, M: int, gdn_mode: str):
         """The cached plan of (prog, M, gdn_mode, the state's buffers), lowered on first use."""
@@ -199,14 +193,9 @@ class CUDABackend:
         key = (prog.name, M, gdn_mode, self.stack_projections, _linear.BF16_GEMV, _gdn.GDN_RECUR,
                st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))   # kernels chosen
         plans = self.plans(model)
-        plan = plans.get(key)
-        if plan is None:
-            plan = plans[key] = lower(self, model, prog, st, M, gdn_mode)
-            self.stats["plans_lowered"] += 1
-            while len(plans) > PLAN_CACHE:
-                plans.popitem(last=False)
-        else:
-            plans.move_to_end(key)
+        made = plans.made
+        plan = plans.get_or_make(key, lambda: lower(self, model, prog, st, M, gdn_mode))
+        self.stats["plans_lowered"] += plans.made - made
         return plan
 
     def fold(self, model, prog, st, n: int):

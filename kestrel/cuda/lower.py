@@ -25,7 +25,8 @@ from ..ops import linear as _linear
 from ..ops import mlp as _mlp
 from ..ops import norm as _norm
 from . import launch as L
-from .plan import GRAPH_MAX_ROWS, Plan
+from .cache import GRAPH_MAX_ROWS
+from .plan import Plan
 
 
 class _Ctx:

@@ -14,8 +14,6 @@ import numpy as np
 from . import launch as L
 from .pdl import driver as pdl_driver
 
-GRAPH_MAX_ROWS = 8       # plans up to this many rows are cached and graphed (verify widths)
-
 
 class Staging:
     """Pinned host buffers in a ring, each reused only after its last copy has completed, so

@@ -1,0 +1,43 @@
+"""The CUDA backend's plan cache: which plans it keeps, and what a plan costs before it is cheap.
+
+A plan (plan.py) is lowered at its first use and runs eagerly; its second use captures it as a
+CUDA graph; every use after that replays the graph. The backend keeps PLAN_CACHE plans per
+model, least recently used evicted first, keyed on (program, rows, GDN mode, the engine state's
+buffers, the kernel switches): every engine has plans of its own. Plans wider than
+GRAPH_MAX_ROWS (a prompt) are lowered each time and never cached.
+
+Pure Python, without CuPy, so that a benchmark's plan traffic can be replayed on any machine
+(tests/test_sweep.py replays the speculative benchmark's and checks that its timed runs lower
+and capture nothing).
+"""
+from __future__ import annotations
+
+import collections
+
+GRAPH_MAX_ROWS = 8       # plans up to this many rows are cached and graphed (verify widths)
+
+# A plan holds a few MB of activation buffers (27B, M = 4: 5 MB) and one graph; re-lowering an
+# evicted plan costs an eager run and then a capture (tens of ms at 27B), and a benchmark that
+# cycles engines must never pay that inside a timed run. 48 did not hold the speculative
+# benchmark's engines (four policies x two batch modes x k = 2..4, the unit-cost and greedy
+# engines): its timed runs re-lowered plans (2026-12-02).
+PLAN_CACHE = 256
+
+
+class PlanCache(collections.OrderedDict):
+    """key -> plan, least recently used first; `made` counts the plans made on a miss."""
+
+    def __init__(self, size: int = PLAN_CACHE):
+        super().__init__()
+        self.size, self.made = size, 0
+
+    def get_or_make(self, key, make):
+        plan = self.get(key)
+        if plan is None:
+            plan = self[key] = make()
+            self.made += 1
+            while len(self) > self.size:
+                self.popitem(last=False)
+        else:
+            self.move_to_end(key)
+        return plan
