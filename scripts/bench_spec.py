@@ -262,7 +262,7 @@ def _units(u) -> str:
     mtp = meta.get("mtp_table", "mtp_step")      # runs before mtp_fill timed whole MTP steps
     draft = meta.get("draft_unit", "mtp_step + argmax + read")     # runs before the device chain
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
-            f"draft ({draft}) {_x(u['draft'])}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
+            f"draft ({draft}) {_x(u['draft'])}; mtp_draft chain {_fmt_str(u.get('chain', {}))}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
             f"select {_x(u['select'])}; verify_cached {_fmt_str(u.get('cached', {}))}; "
             f"fold {_fmt_str(u.get('fold', {}))}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 

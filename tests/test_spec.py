@@ -8,6 +8,7 @@ same checks on the GPU backend (the default is the CPU).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -395,6 +396,11 @@ def test_cost_model_by_hand():
     # trained pairing, k=1: no draft step, one rewrite row per round
     assert spec.round_cost(u, "checkpoint", "trained", 1, 1)["sync"] == pytest.approx(1.0)
     assert spec.round_cost(u, "checkpoint", "trained", 1, 1)["draft"] == 0.0
+    # a measured chain table prices a round's draft steps as one chain (its fixed cost paid once)
+    uc = dataclasses.replace(u, chain={1: 1.7, 2: 2.4, 3: 3.1})
+    assert [spec.round_cost(uc, "checkpoint", "trained", k, 1)["draft"] for k in (1, 2, 3)] == [0.0, 1.7, 2.4]
+    assert spec.round_cost(uc, "checkpoint", "article", 3, 1)["draft"] == 3.1
+    assert spec.edit_units(uc, draft=2.0).chain == {1: 3.4, 2: 4.8, 3: 6.2}
     # a sequence with T: the tokens the rounds leave are the strict tail, step + argmax each
     p = spec.predict(u, "replay", "article", 3, seq=[0, 3], T=6)
     assert p.tail_tokens == 2 and p.total_ms == pytest.approx(31.5 + 19.5 + 2 * 10.5)
@@ -461,7 +467,8 @@ def test_cost_model_prices_a_measured_run(model, starts, refs):
     want = sum(sum(spec.round_cost(UNITS, "replay", "article", x.k, x.n_ok).values()) for x in r.rounds)
     assert pr.total_ms == pytest.approx(want + r.tail_tokens * 10.5)
     u = spec.measure_unit_costs(model, k_max=3, ctx=16, reps=2)
-    assert set(u.step_m) == set(u.ckpt) == set(u.mtp) == {1, 2, 3}
+    assert set(u.step_m) == set(u.ckpt) == set(u.mtp) == set(u.chain) == {1, 2, 3}
+    assert all(v > 0 for v in u.chain.values()) and u.draft == u.chain[3] / 3
     c = spec.compare(u, [r])
     assert c["T"] == 32 and c["predicted_ms_per_token"] > 0 and c["measured_ms_per_token"] > 0
     assert set(c["predicted_phase_ms"]) == set(spec.PHASES)

@@ -24,8 +24,9 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
     c = policy.cost(u, k, n)
     seg = []
     first = 1 + pairing.offset
-    for j in range(pairing.mtp_steps(k)):
-        seg.append(("draft", f"draft d{first + j}", u.draft))
+    steps = pairing.mtp_steps(k)
+    for j in range(steps):        # one chain: its measured time shared by its steps
+        seg.append(("draft", f"draft d{first + j}", u.draft_ms(steps) / steps))
     if "mark" in c:
         seg.append(("mark", "mark: copy S, hist", c["mark"]))
     what = {"replay": "step_m", "flex-replay": "step_m", "checkpoint": "verify_checkpointed",

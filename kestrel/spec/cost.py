@@ -66,7 +66,7 @@ def round_cost(u: UnitCosts, policy, pairing, k: int, n: int) -> dict:
     if not pairing.min_nok <= n <= k:
         raise ScheduleError(f"n_ok={n} outside [{pairing.min_nok}, k={k}] for the {pairing.value} pairing")
     c = {ph: 0.0 for ph in PHASES}
-    c["draft"] = pairing.mtp_steps(k) * u.draft
+    c["draft"] = u.draft_ms(pairing.mtp_steps(k))
     c["bookkeeping"] = u.bookkeeping
     c["sync"] = u.truncate
     r = pairing.rewrite_rows(k, n)

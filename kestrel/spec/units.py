@@ -31,10 +31,12 @@ class UnitCosts:
     truncate: float = 0.0       # mtp_truncate (cursor move)
     argmax: float = 0.0         # argmax of one logits row + read to host (greedy per token)
     bookkeeping: float = 0.0    # per-round bookkeeping (argmax of the verify rows, accept, emit)
+    chain: dict = field(default_factory=dict)    # one mtp_draft chain of n rows, n = 1..k_max (its fixed
+                                                 # cost, one read and one check, is paid once a chain)
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("step_m", "ckpt", "mtp", "cached", "fold"):
+        for name in ("step_m", "ckpt", "mtp", "cached", "fold", "chain"):
             setattr(self, name, {int(m): float(v) for m, v in getattr(self, name).items()})
 
     def get(self, table: str, m: int) -> float:
@@ -47,6 +49,12 @@ class UnitCosts:
     def greedy_ms_per_token(self) -> float:
         """Greedy decoding: one M=1 step and one argmax per token."""
         return self.step + self.argmax
+
+    def draft_ms(self, n: int) -> float:
+        """ms of n chained draft steps (one mtp_draft): the measured chain, else n x draft."""
+        if n <= 0:
+            return 0.0
+        return self.chain[n] if n in self.chain else n * self.draft
 
     def covered_ks(self, ks=K_VALUES) -> list:
         """The k for which every table entry a round needs was measured."""
@@ -64,7 +72,7 @@ class UnitCosts:
 def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None = None, mark: float | None = None,
                rollback: float | None = None) -> UnitCosts:
     """A copy of UnitCosts with some costs changed. step scales the batch tables too (step_m and
-    verify_checkpointed, keeping their shape in M), draft scales the batched MTP fill table with it
+    verify_checkpointed, keeping their shape in M), draft scales the chain and the batched MTP fill tables with it
     (both run the MTP head's weights: a cheaper head makes both cheaper); mark and rollback (the
     whole-state copies) are set as given."""
     d = u.to_dict()
@@ -79,6 +87,7 @@ def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None =
         f = draft / u.draft
         d["draft"] = draft
         d["mtp"] = {m: v * f for m, v in u.mtp.items()}
+        d["chain"] = {n: v * f for n, v in u.chain.items()}
     if mark is not None:
         d["mark"] = mark
     if rollback is not None:
@@ -171,10 +180,11 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     u["rollback"] = float(np.median([be.elapsed_ms(*rb()) for _ in range(reps)]))
     base = eng.mtp_cursor
 
-    def draft():
+    def chain(n):
         eng.mtp_truncate(base)
-        eng.mtp_draft(base, t1, h1, k_max)
-    u["draft"] = _median_ms(be, draft, reps, warmup) / k_max
+        eng.mtp_draft(base, t1, h1, n)
+    u["chain"] = {n: _median_ms(be, lambda n=n: chain(n), reps, warmup) for n in range(1, k_max + 1)}
+    u["draft"] = u["chain"][k_max] / k_max
     eng.mtp_truncate(base)
 
     def mtp(m):
