@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kestrel
@@ -255,6 +256,55 @@ def test_mtp_fill_keeps_every_draft(model, starts, refs, drafter, monkeypatch):
         assert a.bit_exact and b.bit_exact and a.stream == b.stream
         assert [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in a.rounds] == \
                [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in b.rounds]
+
+
+@pytest.mark.parametrize("drafter", ["mtp-article", "mtp", "replay"])
+def test_draft_chain_drafts_as_mtp_steps_did(model, starts, refs, drafter, monkeypatch):
+    """The drafters draft through one Engine.mtp_draft a round; runs whose chain is k mtp_step
+    calls, each fed the argmax of the one before (or the replay oracle's forced token), have the
+    same drafts, n_ok, MTP cursor and stream, round by round: standard rounds, the negative
+    control (mark first, which re-appends the rows the chain recorded) with and without the MTP
+    cursor in the snapshot, and the replay drafter's forced tokens under either pairing."""
+    runs = [(spec.Mistakes(), None), (spec.Mistakes(mark_first=True), None),
+            (spec.Mistakes(mark_first=True, mark_mtp_cursor=False), None)]
+    if drafter == "replay":
+        runs = [(spec.Mistakes(), pr) for pr in ("article", "trained")] + \
+               [(spec.Mistakes(mark_first=True), pr) for pr in ("article", "trained")]
+
+    def go():
+        out = []
+        for i in (0, 3):
+            for w, pr in runs:
+                need = len(starts[i]) + T + 5 + (T + 1) * 4 * w.mark_first     # as run_spec sizes its own
+                eng = kestrel.Engine(model, max_seq=min(need, model.cfg.max_position_embeddings), mmax=3,
+                                     batch="strict")
+                r = spec.run_spec(model, starts[i], T, 3, "replay", drafter, reference=refs[i], greedy=False,
+                                  mistakes=w, engine=eng,
+                                  schedule=None if pr is None else spec.Schedule(seq=[3, 1, 2], pairing=pr))
+                out.append((r, eng.snapshot_state()))      # the MTP rows too: forced feeds leave no other trace
+        return out
+    chained = go()
+    calls = []
+
+    def draft_by_steps(self, pos, token, hidden, k, forced=None):
+        calls.append(k)
+        toks, rows, x, h = [], [], token, hidden
+        for j in range(k):
+            st = self.mtp_step(pos + j, x, h)
+            toks.append(int(self.be.argmax(st.logits)))
+            rows.append(st.hidden)
+            x, h = (toks[-1] if forced is None else int(forced[j])), st.hidden
+        return kestrel.Draft(toks, self.be.xp.stack(rows))
+
+    monkeypatch.setattr(kestrel.Engine, "mtp_draft", draft_by_steps)
+    stepped = go()
+    assert calls, "no draft chain ran"
+    for (a, sa), (b, sb) in zip(chained, stepped):
+        assert a.bit_exact and b.bit_exact and a.stream == b.stream
+        assert [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in a.rounds] == \
+               [(x.p, x.drafts, x.n_ok, x.mtp_cursor) for x in b.rounds]
+        for key in ("mtp_kc", "mtp_vc"):
+            assert np.array_equal(sa[key], sb[key]), key
 
 
 # ---- 5. teacher-forced acceptance -------------------------------------------------------------------------
