@@ -50,6 +50,11 @@ def _is_int(x) -> bool:
     return inputs.is_int(x)   # Python/NumPy ints, never bools (kestrel.inputs: one rule everywhere)
 
 
+def _is_single(token) -> bool:
+    """One token (an int or a 0-d array), as opposed to a list of them (the MTP entries' two forms)."""
+    return _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
+
+
 class Engine:
     def __init__(self, model: Model, max_seq: int = 512, mmax: int = 3, batch: str = "flex"):
         if not isinstance(model, Model):
@@ -232,7 +237,7 @@ class Engine:
         """Validate an MTP call (no state touched): (tokens [M], hidden [M, D] on the backend, single)."""
         if not self.model.has_mtp:
             raise KestrelError(f"{what}: this model has no MTP head (mtp_num_hidden_layers = 0)")
-        single = _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
+        single = _is_single(token)
         toks = self._tokens(token, what)
         m, D = len(toks), self.cfg.hidden_size
         want = (D,) if single else (m, D)
@@ -255,7 +260,7 @@ class Engine:
         state it leaves is bit-identical to k mtp_step calls fed that way; the difference is
         the host: on CUDA the argmax and the feed stay on the device and the k tokens are read
         back once, where k mtp_step calls wait for each token before the next call."""
-        if not (_is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)):
+        if not _is_single(token):
             raise TokenError(f"mtp_draft: takes one token (an int) and hidden [D], the chain's first row; "
                              f"got {token!r:.40}")
         toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_draft")

@@ -89,30 +89,32 @@ def mtp_rows_both_ways(model, prompt, q: int, toks, hid, calls: int = 1) -> dict
     return out
 
 
+def draft_by_steps(eng, pos, token, hidden, k, forced=None) -> kestrel.Draft:
+    """The draft chain as k mtp_step calls from the host, each fed the argmax of the row before
+    (forced[j] instead, when given) and its hidden: what Engine.mtp_draft must equal."""
+    be = eng.be
+    toks, rows, x, h = [], [], token, hidden
+    for j in range(k):
+        st = eng.mtp_step(pos + j, x, h)
+        toks.append(int(be.argmax(st.logits)))
+        rows.append(st.hidden)
+        x, h = (toks[-1] if forced is None else int(forced[j])), st.hidden
+    return kestrel.Draft(toks, be.xp.stack(rows))
+
+
 def draft_both_ways(model, prompt, q: int, x: int, h, k: int, forced=None, calls: int = 1):
     """Two engines holding `prompt` and MTP rows 0..q-1; one drafts k rows from (x, h) with one
     mtp_draft, the other with k mtp_step calls, each fed the argmax of the row before (forced[j]
     instead, when given) and its hidden (each `calls` times, truncated back to q first: on a GPU
     the second call replays the captured graphs).
     -> {entry: (engine, drafts, hiddens [k, D] on the host)}"""
-    be = model.be
     out = {}
-    for entry in ("mtp_draft", "mtp_step"):
+    for entry, chain in (("mtp_draft", kestrel.Engine.mtp_draft), ("mtp_step", draft_by_steps)):
         e = with_mtp_rows(model, prompt, q)
         for _ in range(calls):
             e.mtp_truncate(q)
-            if entry == "mtp_draft":
-                d = e.mtp_draft(q, x, h, k, forced=forced)
-                toks, hs = d.tokens, be.to_numpy(d.hidden)
-            else:
-                toks, rows, xj, hj = [], [], x, h
-                for j in range(k):
-                    st = e.mtp_step(q + j, xj, hj)
-                    toks.append(int(be.argmax(st.logits)))
-                    rows.append(be.to_numpy(st.hidden))
-                    xj, hj = (toks[-1] if forced is None else forced[j]), st.hidden
-                hs = np.stack(rows)
-        out[entry] = (e, toks, hs)
+            d = chain(e, q, x, h, k, forced=forced)
+        out[entry] = (e, d.tokens, model.be.to_numpy(d.hidden))
     return out
 
 

@@ -23,6 +23,7 @@ from kestrel import spec
 from kestrel.errors import BatchWidthError, CursorError, KestrelError
 from kestrel.spec.accept import Acceptance
 from kestrel.spec.cost import UnitCosts
+from conftest import draft_by_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Path(kestrel.__file__).resolve().parent / "assets" / "tiny" / "model.safetensors"
@@ -286,17 +287,11 @@ def test_draft_chain_drafts_as_mtp_steps_did(model, starts, refs, drafter, monke
     chained = go()
     calls = []
 
-    def draft_by_steps(self, pos, token, hidden, k, forced=None):
+    def counted(self, pos, token, hidden, k, forced=None):
         calls.append(k)
-        toks, rows, x, h = [], [], token, hidden
-        for j in range(k):
-            st = self.mtp_step(pos + j, x, h)
-            toks.append(int(self.be.argmax(st.logits)))
-            rows.append(st.hidden)
-            x, h = (toks[-1] if forced is None else int(forced[j])), st.hidden
-        return kestrel.Draft(toks, self.be.xp.stack(rows))
+        return draft_by_steps(self, pos, token, hidden, k, forced)
 
-    monkeypatch.setattr(kestrel.Engine, "mtp_draft", draft_by_steps)
+    monkeypatch.setattr(kestrel.Engine, "mtp_draft", counted)
     stepped = go()
     assert calls, "no draft chain ran"
     for (a, sa), (b, sb) in zip(chained, stepped):

@@ -173,9 +173,8 @@ def _replay_plan_traffic(monkeypatch, size: int, T: int = 24) -> dict:
     def use(prog, st, m, mode):
         if m > GRAPH_MAX_ROWS:
             return
-        made = cache.made
-        plan = cache.get_or_make((prog.name, m, mode, id(st.S)), lambda: {"uses": 0})
-        stats["plans_lowered"] += cache.made - made
+        plan, made = cache.get_or_make((prog.name, m, mode, id(st.S)), lambda: {"uses": 0})
+        stats["plans_lowered"] += made
         plan["uses"] += 1
         stats["graphs_captured"] += plan["uses"] == 2
 

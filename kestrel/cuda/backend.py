@@ -193,9 +193,8 @@ class CUDABackend:
         key = (prog.name, M, gdn_mode, self.stack_projections, _linear.BF16_GEMV, _gdn.GDN_RECUR,
                st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))   # kernels chosen
         plans = self.plans(model)
-        made = plans.made
-        plan = plans.get_or_make(key, lambda: lower(self, model, prog, st, M, gdn_mode))
-        self.stats["plans_lowered"] += plans.made - made
+        plan, made = plans.get_or_make(key, lambda: lower(self, model, prog, st, M, gdn_mode))
+        self.stats["plans_lowered"] += made
         return plan
 
     def fold(self, model, prog, st, n: int):

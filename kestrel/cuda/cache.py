@@ -25,19 +25,20 @@ PLAN_CACHE = 256
 
 
 class PlanCache(collections.OrderedDict):
-    """key -> plan, least recently used first; `made` counts the plans made on a miss."""
+    """key -> plan, least recently used first."""
 
     def __init__(self, size: int = PLAN_CACHE):
         super().__init__()
-        self.size, self.made = size, 0
+        self.size = size
 
-    def get_or_make(self, key, make):
+    def get_or_make(self, key, make) -> tuple:
+        """(the plan of key, whether it was made now): made by make() on a miss, evicting the
+        least recently used past `size`."""
         plan = self.get(key)
-        if plan is None:
-            plan = self[key] = make()
-            self.made += 1
-            while len(self) > self.size:
-                self.popitem(last=False)
-        else:
+        if plan is not None:
             self.move_to_end(key)
-        return plan
+            return plan, False
+        plan = self[key] = make()
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return plan, True
