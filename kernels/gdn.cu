@@ -28,6 +28,8 @@
 //             gdn_recur_regs: the same with each thread's elements of S in registers (no dk·dv
 //             floats of shared memory, no shared-memory round trip per pass), compiled for
 //             dk = GDN_RECUR_REGS_DK, dv = GDN_RECUR_REGS_DV (every Qwen3.5 size: 128, 128).
+//             gdn_recur_cluster: the same arithmetic with each head's columns split over a cluster
+//             of GDN_CLUSTER blocks (its own section below); the default for those dims.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
@@ -255,3 +257,194 @@ __device__ __forceinline__ void gdn_recur_body(
     }
 GDN_RECUR_KERNEL(gdn_recur, false, 0, 0)
 GDN_RECUR_KERNEL(gdn_recur_regs, true, GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
+
+// ---- gdn_recur_cluster: one value head over a cluster of GDN_CLUSTER blocks ----------------------
+// gdn_recur_regs puts a whole head on one block: nv blocks (48 at the 27B shape) on a GPU of 132
+// multiprocessors, each pulling its 64 KiB of state (and writing a 64 KiB checkpoint per row)
+// through one multiprocessor, and every row paying a chain of global-load latencies. Here the dv
+// columns of S_h are split over a thread-block cluster of GDN_CLUSTER = 4 blocks (sm_90): block r
+// owns columns 32r..32r+31, lane = column, warp w = k-slice (k = w + 4i, i = 0..31), 32 elements of
+// S per thread in registers. Rows go in chunks of GDN_RECUR_ROWS: each chunk's inputs are loaded
+// once (q, k normalized by one warp per row), then each row is two register passes and two
+// barriers. The only coupling between the blocks of a head is the gated norm's Σo² over dv: each
+// block's warp butterfly goes to every block's shared memory (distributed shared memory) and one
+// cluster barrier a chunk publishes them.
+//
+// The arithmetic is gdn_recur_regs' element for element: thread (col, slice) owns the same
+// elements in the same order; column sums fold the four slices in order; every norm is the same
+// warp butterflies added in warp order (block_reduce's zeros from idle warps change nothing:
+// x + 0 = x for x >= +0). So the two agree bit for bit (tests/ops/test_gdn.py), and row j's
+// arithmetic does not depend on M.
+// Launch: grid nv·GDN_CLUSTER (cluster dims fixed at compile time), block GDN_CLUSTER_THREADS = 128,
+// no dynamic shared memory. dk = dv = 128.
+#define CL_DK GDN_RECUR_REGS_DK
+#define CL_DV GDN_RECUR_REGS_DV
+#define CL_COLS (CL_DV / GDN_CLUSTER)                  // 32: one warp's lanes
+#define CL_NSLICE (GDN_CLUSTER_THREADS / 32)           // 4: the regs kernel's k-slices
+#define CL_NPER (CL_DK / CL_NSLICE)                    // 32 elements of S per thread
+static_assert(CL_COLS == 32, "gdn_recur_cluster: one warp's lanes are the block's columns");
+static_assert(CL_NSLICE == GDN_RECUR_THREADS / CL_DV, "gdn_recur_cluster: the regs kernel's k-slices");
+static_assert(CL_DK % 32 == 0 && CL_DK % CL_NSLICE == 0, "gdn_recur_cluster: head dims");
+
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_id_x() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+// v -> the float at `p` (this block's shared memory) in cluster block `rank`'s shared memory.
+__device__ __forceinline__ void st_cluster(float* p, unsigned rank, float v) {
+    unsigned long long local;
+    unsigned remote;
+    asm volatile("cvta.to.shared.u64 %0, %1;" : "=l"(local) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"((unsigned)local), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+}
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+extern "C" __global__ void __cluster_dims__(GDN_CLUSTER, 1, 1) __launch_bounds__(GDN_CLUSTER_THREADS)
+gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz,
+                  const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda,
+                  const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                  const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring,
+                  i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv,
+                  int dk_arg, int dv_arg, float qscale, float eps) {
+    constexpr int R = GDN_RECUR_ROWS;
+    __shared__ float qn[R][CL_DK], kn[R][CL_DK];        // normalized q, k of each row of the chunk
+    __shared__ float vx[R][CL_COLS], zx[R][CL_COLS];    // this block's v and z columns
+    __shared__ float gate[R][2];                        // beta, exp(g)
+    __shared__ float part[CL_NSLICE][CL_COLS];          // pass A's partial column sums
+    __shared__ float dl_sh[CL_COLS];                    // delta of the row
+    __shared__ float opart[R][CL_NSLICE][CL_COLS];      // pass B's partial column sums, per row
+    __shared__ float osq[2][R][GDN_CLUSTER];            // Σo² of each block's columns (written by every block)
+    griddep_launch();
+    griddep_wait();
+    cluster_arrive_relaxed();                 // every block of the cluster has started: paired below
+    const unsigned rank = cluster_rank();
+    const int h = (int)cluster_id_x(), kh = h / (nv / nk);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, col = (int)rank * CL_COLS + lane;
+    const int slot = ctrl[CTRL_SLOT];
+    const i64 hoff = (i64)h * (CL_DK * CL_DV);
+    float* Sg = S_ring + (i64)(slot % nslots) * slot_stride + hoff;
+    const float decay = -expf(A_log[h]);
+    const float dtb = dt_bias[h];
+    const float nw = norm_w[col];
+    float Sr[CL_NPER];
+#pragma unroll
+    for (int i = 0; i < CL_NPER; ++i) Sr[i] = Sg[(w + i * CL_NSLICE) * CL_DV + col];
+    bool waited = false;
+    for (int j0 = 0, chunk = 0; j0 < M; j0 += R, ++chunk) {
+        const int nr = M - j0 < R ? M - j0 : R;
+        // the chunk's inputs: warp w normalizes rows w, w + NSLICE, ... (the regs kernel's block sums)
+        for (int r = w; r < nr; r += CL_NSLICE) {
+            const int j = j0 + r;
+            const float* xr = xc + (i64)j * ldx;
+            float pq[CL_DK / 32], pk[CL_DK / 32], qv[CL_DK / 32], kv[CL_DK / 32];
+#pragma unroll
+            for (int s = 0; s < CL_DK / 32; ++s) {
+                qv[s] = xr[kh * CL_DK + 32 * s + lane];
+                kv[s] = xr[nk * CL_DK + kh * CL_DK + 32 * s + lane];
+                float sq = 0.0f, sk = 0.0f;
+                sq += qv[s] * qv[s];
+                sk += kv[s] * kv[s];
+                pq[s] = warp_sum(sq);
+                pk[s] = warp_sum(sk);
+            }
+            float tq = pq[0], tk = pk[0];
+#pragma unroll
+            for (int s = 1; s < CL_DK / 32; ++s) {
+                tq = tq + pq[s];
+                tk = tk + pk[s];
+            }
+            const float iq = 1.0f / sqrtf(tq + GDN_L2_EPS), ik = 1.0f / sqrtf(tk + GDN_L2_EPS);
+#pragma unroll
+            for (int s = 0; s < CL_DK / 32; ++s) {
+                qn[r][32 * s + lane] = (qv[s] * iq) * qscale;
+                kn[r][32 * s + lane] = kv[s] * ik;
+            }
+            if (lane == 0) {
+                gate[r][0] = sigmoid_f(b[(i64)j * ldb + h]);
+                gate[r][1] = expf(decay * softplus_f(a[(i64)j * lda + h] + dtb));
+            }
+        }
+        for (int t = threadIdx.x; t < nr * CL_COLS; t += GDN_CLUSTER_THREADS) {
+            const int r = t / CL_COLS, c = t % CL_COLS;
+            vx[r][c] = xc[(i64)(j0 + r) * ldx + 2 * nk * CL_DK + h * CL_DV + (int)rank * CL_COLS + c];
+            zx[r][c] = z[(i64)(j0 + r) * ldz + (i64)h * CL_DV + (int)rank * CL_COLS + c];
+        }
+        __syncthreads();
+        for (int r = 0; r < nr; ++r) {
+            const float beta = gate[r][0], eg = gate[r][1];
+            float acc = 0.0f;                  // pass A: decay, partial (Sᵀk)[col]
+#pragma unroll
+            for (int i = 0; i < CL_NPER; ++i) {
+                const float s = Sr[i] * eg;
+                Sr[i] = s;
+                acc += s * kn[r][w + i * CL_NSLICE];
+            }
+            part[w][lane] = acc;
+            __syncthreads();
+            if (w == 0) {
+                float km = part[0][lane];
+#pragma unroll
+                for (int q2 = 1; q2 < CL_NSLICE; ++q2) km += part[q2][lane];
+                dl_sh[lane] = beta * (vx[r][lane] - km);
+            }
+            __syncthreads();
+            const float dl = dl_sh[lane];
+            acc = 0.0f;                        // pass B: S += k ⊗ delta, partial (Sᵀq)[col]
+#pragma unroll
+            for (int i = 0; i < CL_NPER; ++i) {
+                const float s = Sr[i] + kn[r][w + i * CL_NSLICE] * dl;
+                Sr[i] = s;
+                acc += s * qn[r][w + i * CL_NSLICE];
+            }
+            opart[r][w][lane] = acc;
+            if (mode == GDN_CHECKPOINT) {
+                float* dst = S_ring + (i64)((slot + 1 + j0 + r) % nslots) * slot_stride + hoff;
+#pragma unroll
+                for (int i = 0; i < CL_NPER; ++i) dst[(w + i * CL_NSLICE) * CL_DV + col] = Sr[i];
+            }
+        }
+        __syncthreads();
+        // o = the slices' sums in order; each warp's butterfly of o² goes to every block of the head
+        if (!waited) {
+            cluster_wait();
+            waited = true;
+        }
+        const int buf = chunk & 1;
+        for (int r = w; r < nr; r += CL_NSLICE) {
+            float o = opart[r][0][lane];
+#pragma unroll
+            for (int q2 = 1; q2 < CL_NSLICE; ++q2) o += opart[r][q2][lane];
+            opart[r][0][lane] = o;
+            const float p = warp_sum(o * o);
+            if (lane < GDN_CLUSTER) st_cluster(&osq[buf][r][rank], (unsigned)lane, p);
+        }
+        cluster_arrive();
+        cluster_wait();
+        for (int t = threadIdx.x; t < nr * CL_COLS; t += GDN_CLUSTER_THREADS) {
+            const int r = t / CL_COLS, c = t % CL_COLS;
+            float so = osq[buf][r][0];
+#pragma unroll
+            for (int q2 = 1; q2 < GDN_CLUSTER; ++q2) so = so + osq[buf][r][q2];
+            const float inv = 1.0f / sqrtf(so / (float)CL_DV + eps);
+            // c == lane (the stride is whole warps), so nw is this column's norm weight
+            y[(i64)(j0 + r) * ldy + (i64)h * CL_DV + col] = (nw * (opart[r][0][c] * inv)) * silu_f(zx[r][c]);
+        }
+        __syncthreads();                       // the chunk's shared inputs are free again
+    }
+    if (!waited) cluster_wait();
+    if (mode == GDN_IN_PLACE) {
+#pragma unroll
+        for (int i = 0; i < CL_NPER; ++i) Sg[(w + i * CL_NSLICE) * CL_DV + col] = Sr[i];
+    }
+}

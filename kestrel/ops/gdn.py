@@ -23,14 +23,21 @@ L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
 GDN_CONV_THREADS = 128
 GDN_CONV_KMAX = 8               # the conv window a thread keeps in registers
 GDN_RECUR_THREADS = 512
-GDN_RECUR_REGS_DK = GDN_RECUR_REGS_DV = 128   # the head dims gdn_recur_regs is compiled for
-GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "regs")   # "regs" where the dims allow, or "smem" (A/B timing)
-if GDN_RECUR not in ("regs", "smem"):
-    raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected 'regs' or 'smem'")
+GDN_RECUR_REGS_DK = GDN_RECUR_REGS_DV = 128   # the head dims gdn_recur_regs and _cluster are compiled for
+GDN_CLUSTER = 4                 # gdn_recur_cluster: blocks per value head (a thread-block cluster)
+GDN_CLUSTER_THREADS = 32 * (GDN_RECUR_THREADS // GDN_RECUR_REGS_DV)   # one warp per k-slice of gdn_recur_regs
+GDN_RECUR_ROWS = 8              # gdn_recur_cluster: rows whose inputs are loaded at once
+# The recurrence kernel (A/B timing; all three agree bit for bit): "cluster" and "regs" only for
+# their compiled head dims, "smem" (gdn_recur) for any; the default is the first that fits.
+GDN_RECUR_VARIANTS = ("cluster", "regs", "smem")
+GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "cluster")
+if GDN_RECUR not in GDN_RECUR_VARIANTS:
+    raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
 GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
                 "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_RECUR_REGS_DK": GDN_RECUR_REGS_DK,
-                "GDN_RECUR_REGS_DV": GDN_RECUR_REGS_DV, "GDN_IN_PLACE": GDN_MODES["in_place"],
+                "GDN_RECUR_REGS_DV": GDN_RECUR_REGS_DV, "GDN_CLUSTER": GDN_CLUSTER,
+                "GDN_CLUSTER_THREADS": GDN_CLUSTER_THREADS, "GDN_RECUR_ROWS": GDN_RECUR_ROWS, "GDN_IN_PLACE": GDN_MODES["in_place"],
                 "GDN_CHECKPOINT": GDN_MODES["checkpoint"], "GDN_CACHE": GDN_MODES["cache"]}
 
 
@@ -118,8 +125,23 @@ def gdn_rows(sh: GDNShape, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist
 
 # ---- CUDA launchers ------------------------------------------------------------------------
 def gdn_recur_in_registers(dk: int, dv: int) -> bool:
-    """Whether the head dims are the ones gdn_recur_regs (S in registers) is compiled for."""
+    """Whether the head dims are the ones gdn_recur_regs and gdn_recur_cluster (S in registers)
+    are compiled for."""
     return (dk, dv) == (GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
+
+
+def gdn_recur_variant(dk: int, dv: int, variant: str | None = None) -> str:
+    """Which recurrence kernel runs heads of dk x dv: `variant` if given (refused where its head
+    dims are not these), else GDN_RECUR where the dims allow it, else "smem"."""
+    can = gdn_recur_in_registers(dk, dv)
+    if variant is None:
+        return GDN_RECUR if can or GDN_RECUR == "smem" else "smem"
+    if variant not in GDN_RECUR_VARIANTS:
+        raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
+    if variant != "smem" and not can:
+        raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, {GDN_RECUR_REGS_DV}, "
+                         f"not {dk}, {dv}")
+    return variant
 
 
 def gdn_recur_smem(dk: int, dv: int, regs: bool = False) -> int:
@@ -146,21 +168,19 @@ def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, m
 
 
 def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
-                     mode: str, ctrl, M, sh: GDNShape, regs: bool | None = None):
+                     mode: str, ctrl, M, sh: GDNShape, variant: str | None = None):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
     (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read).
-    regs: S in registers (gdn_recur_regs); default wherever the head dims allow it unless
-    GDN_RECUR is "smem" (tests force either: the two must agree bit for bit)."""
+    variant: gdn_recur_variant's choice (tests force each: all three must agree bit for bit)."""
     check_cuda_shape(sh)
-    can = gdn_recur_in_registers(sh.dk, sh.dv)
-    regs = (can and GDN_RECUR == "regs") if regs is None else regs
-    if regs and not can:
-        raise ValueError(f"gdn_recur_regs is compiled for dk, dv = {GDN_RECUR_REGS_DK}, {GDN_RECUR_REGS_DV}, "
-                         f"not {sh.dk}, {sh.dv}")
-    fn = L.kernel("gdn", "gdn_recur_regs" if regs else "gdn_recur")
-    sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv, regs), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
+    variant = gdn_recur_variant(sh.dk, sh.dv, variant)
     args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
             L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
             L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),
             L.f32(np.float32(sh.dk ** -0.5)), L.f32(sh.eps))
+    if variant == "cluster":       # static shared memory only; the cluster dims are compiled in
+        return L.kernel("gdn", "gdn_recur_cluster"), (sh.nv * GDN_CLUSTER,), (GDN_CLUSTER_THREADS,), args, 0
+    regs = variant == "regs"
+    fn = L.kernel("gdn", "gdn_recur_regs" if regs else "gdn_recur")
+    sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv, regs), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
     return fn, (sh.nv,), (GDN_RECUR_THREADS,), args, sm

@@ -69,7 +69,7 @@ def test_gdn_slots_equal_in_place(rng):
         assert np.array_equal(S, S_slots[j]) and np.array_equal(h, h_slots[j])
 
 
-def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None), regs=None):
+def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None), variant=None):
     """gdn_conv + gdn_recur exactly as the lowered plan launches them: one stacked input row
     [qkv | z | b | a], the state in a ring of slots, the live slot from the ctrl block."""
     gin = np.concatenate([d["qkv"][rows], d["z"][rows], d["b"][rows], d["a"][rows]], axis=1)
@@ -81,7 +81,7 @@ def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None), r
     go(be, gdn.gdn_conv_launch(G, width, dev(d["cw"]), xc, C, h_ring, h_ring[0].size, n, mode, c, m, C, K))
     go(be, gdn.gdn_recur_launch(xc, C, G[:, C:], width, G[:, C + nvdv:], width, G[:, C + nvdv + nv:], width,
                                 dev(d["A_log"]), dev(d["dt"]), dev(d["nw"]), y, nvdv, S_ring, S_ring[0].size, n,
-                                mode, c, m, sh, regs=regs))
+                                mode, c, m, sh, variant=variant))
     return host(y)
 
 
@@ -135,29 +135,43 @@ def test_gdn_kernel(be, rng, shape, m, mode):
         assert np.all(np.isnan(Sg[others])) and np.all(np.isnan(hg[others]))            # no other slot written
 
 
-@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("shape,m", [((2, 4, 128, 128, 4), 1), ((2, 4, 128, 128, 4), 2), ((2, 4, 128, 128, 4), 4),
+                                     ((2, 4, 128, 128, 4), 11), ((16, 48, 128, 128, 4), 5)])
 @pytest.mark.parametrize("mode", ["in_place", "checkpoint", "cache"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
-def test_gdn_recur_state_in_registers_is_bit_identical(be, rng, m, mode):
-    """gdn_recur_regs (S in registers, the Qwen3.5 head dims) and gdn_recur (S in shared memory):
-    the same outputs and the same state in every slot, bit for bit."""
-    sh, d = _case(rng, (2, 4, 128, 128, 4), m)
+def test_gdn_recur_variants_are_bit_identical(be, rng, shape, m, mode):
+    """gdn_recur (S in shared memory), gdn_recur_regs (S in registers, a head per block) and
+    gdn_recur_cluster (a head's columns over a cluster of blocks; rows in chunks of
+    GDN_RECUR_ROWS, so m = 11 crosses a chunk): the same outputs and the same state in every
+    slot, bit for bit. The 27B shape (16 key heads, 48 value heads) runs 48 clusters."""
+    sh, d = _case(rng, shape, m)
     assert gdn.gdn_recur_in_registers(sh.dk, sh.dv)
     n = m + 1
     slot = int(rng.integers(0, n))
     out = []
-    for regs in (False, True):
+    for variant in gdn.GDN_RECUR_VARIANTS:
         S_ring = cp.full((n,) + d["S0"].shape, np.nan, np.float32)
         h_ring = cp.full((n,) + d["h0"].shape, np.nan, np.float32)
         S_ring[slot], h_ring[slot] = dev(d["S0"]), dev(d["h0"])
-        y = _kernel(be, sh, d, S_ring, h_ring, slot, mode, regs=regs)
+        y = _kernel(be, sh, d, S_ring, h_ring, slot, mode, variant=variant)
         out.append((y, host(S_ring), host(h_ring)))
-    (y0, S0, h0), (y1, S1, h1) = out
-    assert finite(y0) and np.array_equal(y0, y1)
-    assert np.array_equal(S0, S1, equal_nan=True) and np.array_equal(h0, h1, equal_nan=True)
+    y0, S0, h0 = out[0]
+    assert finite(y0)
+    for variant, (y1, S1, h1) in zip(gdn.GDN_RECUR_VARIANTS[1:], out[1:]):
+        assert np.array_equal(y0, y1), variant
+        assert np.array_equal(S0, S1, equal_nan=True) and np.array_equal(h0, h1, equal_nan=True), variant
 
 
-def test_gdn_recur_regs_only_for_its_head_dims():
+def test_gdn_recur_variant_choice():
+    """The register kernels only for their compiled head dims; anything else runs gdn_recur."""
     assert gdn.gdn_recur_in_registers(128, 128) and not gdn.gdn_recur_in_registers(64, 32)
     assert gdn.gdn_recur_smem(128, 128, regs=True) < gdn.gdn_recur_smem(128, 128)
+    assert gdn.gdn_recur_variant(64, 32) == "smem" and gdn.gdn_recur_variant(128, 128) == gdn.GDN_RECUR
+    for v in gdn.GDN_RECUR_VARIANTS:
+        assert gdn.gdn_recur_variant(128, 128, v) == v
+    for v in ("cluster", "regs"):
+        with pytest.raises(ValueError, match="compiled for dk, dv = 128, 128, not 64, 32"):
+            gdn.gdn_recur_variant(64, 32, v)
+    with pytest.raises(ValueError, match="variant 'fast'"):
+        gdn.gdn_recur_variant(128, 128, "fast")
