@@ -343,42 +343,55 @@ gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict
     bool waited = false;
     for (int j0 = 0, chunk = 0; j0 < M; j0 += R, ++chunk) {
         const int nr = M - j0 < R ? M - j0 : R;
-        // the chunk's inputs: warp w normalizes rows w, w + NSLICE, ... (the regs kernel's block sums)
-        for (int r = w; r < nr; r += CL_NSLICE) {
-            const int j = j0 + r;
-            const float* xr = xc + (i64)j * ldx;
-            float pq[CL_DK / 32], pk[CL_DK / 32], qv[CL_DK / 32], kv[CL_DK / 32];
+        // the chunk's inputs: warp w normalizes rows w, w + NSLICE, ... (the regs kernel's block
+        // sums); every load of the chunk is issued before the first is used, so the chunk pays one
+        // memory latency, not one a row
+        constexpr int RW = (R + CL_NSLICE - 1) / CL_NSLICE, NS = CL_DK / 32;
+        float qv[RW][NS], kv[RW][NS], bv[RW], av[RW], vv[RW], zv[RW];
 #pragma unroll
-            for (int s = 0; s < CL_DK / 32; ++s) {
-                qv[s] = xr[kh * CL_DK + 32 * s + lane];
-                kv[s] = xr[nk * CL_DK + kh * CL_DK + 32 * s + lane];
-                float sq = 0.0f, sk = 0.0f;
-                sq += qv[s] * qv[s];
-                sk += kv[s] * kv[s];
-                pq[s] = warp_sum(sq);
-                pk[s] = warp_sum(sk);
-            }
-            float tq = pq[0], tk = pk[0];
+        for (int u = 0; u < RW; ++u) {
+            const int r = w + u * CL_NSLICE;
+            if (r < nr) {
+                const float* xr = xc + (i64)(j0 + r) * ldx;
 #pragma unroll
-            for (int s = 1; s < CL_DK / 32; ++s) {
-                tq = tq + pq[s];
-                tk = tk + pk[s];
-            }
-            const float iq = 1.0f / sqrtf(tq + GDN_L2_EPS), ik = 1.0f / sqrtf(tk + GDN_L2_EPS);
-#pragma unroll
-            for (int s = 0; s < CL_DK / 32; ++s) {
-                qn[r][32 * s + lane] = (qv[s] * iq) * qscale;
-                kn[r][32 * s + lane] = kv[s] * ik;
-            }
-            if (lane == 0) {
-                gate[r][0] = sigmoid_f(b[(i64)j * ldb + h]);
-                gate[r][1] = expf(decay * softplus_f(a[(i64)j * lda + h] + dtb));
+                for (int s = 0; s < NS; ++s) {
+                    qv[u][s] = xr[kh * CL_DK + 32 * s + lane];
+                    kv[u][s] = xr[nk * CL_DK + kh * CL_DK + 32 * s + lane];
+                }
+                vv[u] = xr[2 * nk * CL_DK + h * CL_DV + col];
+                zv[u] = z[(i64)(j0 + r) * ldz + (i64)h * CL_DV + col];
+                bv[u] = b[(i64)(j0 + r) * ldb + h];
+                av[u] = a[(i64)(j0 + r) * lda + h];
             }
         }
-        for (int t = threadIdx.x; t < nr * CL_COLS; t += GDN_CLUSTER_THREADS) {
-            const int r = t / CL_COLS, c = t % CL_COLS;
-            vx[r][c] = xc[(i64)(j0 + r) * ldx + 2 * nk * CL_DK + h * CL_DV + (int)rank * CL_COLS + c];
-            zx[r][c] = z[(i64)(j0 + r) * ldz + (i64)h * CL_DV + (int)rank * CL_COLS + c];
+#pragma unroll
+        for (int u = 0; u < RW; ++u) {
+            const int r = w + u * CL_NSLICE;
+            if (r < nr) {
+                float tq = 0.0f, tk = 0.0f;
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    float sq = 0.0f, sk = 0.0f;
+                    sq += qv[u][s] * qv[u][s];
+                    sk += kv[u][s] * kv[u][s];
+                    sq = warp_sum(sq);
+                    sk = warp_sum(sk);
+                    tq = s == 0 ? sq : tq + sq;      // the warps' partials in warp order
+                    tk = s == 0 ? sk : tk + sk;
+                }
+                const float iq = 1.0f / sqrtf(tq + GDN_L2_EPS), ik = 1.0f / sqrtf(tk + GDN_L2_EPS);
+#pragma unroll
+                for (int s = 0; s < NS; ++s) {
+                    qn[r][32 * s + lane] = (qv[u][s] * iq) * qscale;
+                    kn[r][32 * s + lane] = kv[u][s] * ik;
+                }
+                vx[r][lane] = vv[u];
+                zx[r][lane] = zv[u];
+                if (lane == 0) {
+                    gate[r][0] = sigmoid_f(bv[u]);
+                    gate[r][1] = expf(decay * softplus_f(av[u] + dtb));
+                }
+            }
         }
         __syncthreads();
         for (int r = 0; r < nr; ++r) {
