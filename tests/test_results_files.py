@@ -18,6 +18,20 @@ def test_bench_projections_table_is_rendered_from_its_json(tmp_path):
     assert (tmp_path / "bench_projections.md").read_text() == (ROOT / "results" / "bench_projections.md").read_text()
 
 
+def test_bench_gdn_table_is_rendered_from_its_json(tmp_path):
+    """scripts/bench_gdn.py's table from the committed results file; and the file says that each
+    register kernel matched gdn_recur bit for bit on the device it ran on."""
+    import json
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_gdn.py"), "--render",
+                        str(ROOT / "results" / "bench_gdn.json"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "bench_gdn.md").read_text() == (ROOT / "results" / "bench_gdn.md").read_text()
+    R = json.loads((ROOT / "results" / "bench_gdn.json").read_text())
+    assert R["presets"] and all(all(P["bit_identical"].values()) and set(P["bit_identical"]) == {"cluster", "regs"}
+                                for P in R["presets"])
+
+
 def test_bench_engine_tables_are_rendered_from_their_json(tmp_path, monkeypatch):
     """scripts/bench_engine.py's writer names its files by results.stem (bench_engine under the
     default GEMV, bench_engine_tmb under KESTREL_BF16_GEMV=tmb) and writes the committed tables."""
