@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -29,39 +28,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_projections import time_cupy_graph  # noqa: E402
 from kestrel.results import measured_commit, recorded_command  # noqa: E402
 
 PRESETS = ("qwen3.5-0.8b", "qwen3.5-9b", "qwen3.5-27b")
 MS = (1, 2, 3, 4, 5, 8)
 MODES = ("in_place", "checkpoint", "cache")
-
-
-def med(xs):
-    return float(statistics.median(xs))
-
-
-def time_graph(cp, stream, issue, per_graph: int, reps: int) -> float:
-    """µs per launch: issue() enqueues per_graph launches; warm-up, capture, replays timed with events."""
-    with stream:
-        issue()
-    stream.synchronize()
-    with stream:
-        stream.begin_capture()
-        try:
-            issue()
-        finally:
-            g = stream.end_capture()
-    g.launch(stream)
-    stream.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record(stream)
-        g.launch(stream)
-        e1.record(stream)
-        e1.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / per_graph)
-    return med(ts)
 
 
 def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
@@ -114,7 +87,7 @@ def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
         for mode in MODES:
             for m in MS:
                 ls = [launch(v, mode, m, rings[g]) for g in range(L)]
-                out["us"][f"{v}/{mode}/{m}"] = time_graph(cp, stream, lambda: [go(l) for l in ls], L, reps)
+                out["us"][f"{v}/{mode}/{m}"] = time_cupy_graph(cp, stream, lambda: [go(l) for l in ls], L, reps)["us"]
         print(name, v, {k: round(t, 2) for k, t in out["us"].items() if k.startswith(v)}, flush=True)
     return out
 
