@@ -29,7 +29,8 @@
 //             floats of shared memory, no shared-memory round trip per pass), compiled for
 //             dk = GDN_RECUR_REGS_DK, dv = GDN_RECUR_REGS_DV (every Qwen3.5 size: 128, 128).
 //             gdn_recur_cluster: the same arithmetic with each head's columns split over a cluster
-//             of GDN_CLUSTER blocks (its own section below); the default for those dims.
+//             of GDN_CLUSTER blocks (its own section below); the default for those dims on sm_90
+//             and later (thread-block clusters), gdn_recur_regs before.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
@@ -286,6 +287,19 @@ static_assert(CL_COLS == 32, "gdn_recur_cluster: one warp's lanes are the block'
 static_assert(CL_NSLICE == GDN_RECUR_THREADS / CL_DV, "gdn_recur_cluster: the regs kernel's k-slices");
 static_assert(CL_DK % 32 == 0 && CL_DK % CL_NSLICE == 0, "gdn_recur_cluster: head dims");
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+// Clusters and distributed shared memory need sm_90: older GPUs get a stub (gdn_recur_variant never
+// picks this kernel there), so the rest of this file still compiles for them.
+extern "C" __global__ void __launch_bounds__(GDN_CLUSTER_THREADS)
+gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz,
+                  const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda,
+                  const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                  const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring,
+                  i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv,
+                  int dk_arg, int dv_arg, float qscale, float eps) {
+    __trap();
+}
+#else
 __device__ __forceinline__ unsigned cluster_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -461,3 +475,4 @@ gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict
         for (int i = 0; i < CL_NPER; ++i) Sg[(w + i * CL_NSLICE) * CL_DV + col] = Sr[i];
     }
 }
+#endif

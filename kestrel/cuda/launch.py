@@ -111,6 +111,12 @@ def device_props() -> dict:
     return p
 
 
+def compute_capability() -> int:
+    """The current GPU's compute capability as one number: 90 for sm_90."""
+    p = device_props()
+    return 10 * int(p["major"]) + int(p["minor"])
+
+
 _OCCUPANCY: dict = {}
 
 

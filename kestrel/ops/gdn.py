@@ -28,7 +28,8 @@ GDN_CLUSTER = 4                 # gdn_recur_cluster: blocks per value head (a th
 GDN_CLUSTER_THREADS = 32 * (GDN_RECUR_THREADS // GDN_RECUR_REGS_DV)   # one warp per k-slice of gdn_recur_regs
 GDN_RECUR_ROWS = 8              # gdn_recur_cluster: rows whose inputs are loaded at once
 # The recurrence kernel (A/B timing; all three agree bit for bit): "cluster" and "regs" only for
-# their compiled head dims, "smem" (gdn_recur) for any; the default is the first that fits.
+# their compiled head dims ("cluster" also only on sm_90 and later), "smem" (gdn_recur) for any;
+# gdn_recur_variant falls back from the one asked for to the next that can run.
 GDN_RECUR_VARIANTS = ("cluster", "regs", "smem")
 GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "cluster")
 if GDN_RECUR not in GDN_RECUR_VARIANTS:
@@ -130,18 +131,27 @@ def gdn_recur_in_registers(dk: int, dv: int) -> bool:
     return (dk, dv) == (GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
 
 
-def gdn_recur_variant(dk: int, dv: int, variant: str | None = None) -> str:
+def gdn_recur_variant(dk: int, dv: int, variant: str | None = None, cc: int | None = None) -> str:
     """Which recurrence kernel runs heads of dk x dv: `variant` if given (refused where its head
-    dims are not these), else GDN_RECUR where the dims allow it, else "smem"."""
+    dims are not these, or, for "cluster", on a GPU without thread-block clusters), else GDN_RECUR
+    where it can run, else "regs" where the dims allow, else "smem". cc: the GPU's compute
+    capability (90 for sm_90), read from the current device when a choice depends on it."""
     can = gdn_recur_in_registers(dk, dv)
-    if variant is None:
-        return GDN_RECUR if can or GDN_RECUR == "smem" else "smem"
-    if variant not in GDN_RECUR_VARIANTS:
-        raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
-    if variant != "smem" and not can:
-        raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, {GDN_RECUR_REGS_DV}, "
-                         f"not {dk}, {dv}")
-    return variant
+    if variant is not None:
+        if variant not in GDN_RECUR_VARIANTS:
+            raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
+        if variant != "smem" and not can:
+            raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, "
+                             f"{GDN_RECUR_REGS_DV}, not {dk}, {dv}")
+    want = variant or GDN_RECUR
+    if want == "cluster" and can:
+        cc = L.compute_capability() if cc is None else cc
+        if cc >= 90:
+            return want
+        if variant is not None:
+            raise ValueError(f"gdn_recur_cluster needs thread-block clusters (sm_90 and later); this GPU is sm_{cc}")
+        want = "regs"                          # the default, on an older GPU
+    return want if (want == "smem" or can) else "smem"
 
 
 def gdn_recur_smem(dk: int, dv: int, regs: bool = False) -> int:

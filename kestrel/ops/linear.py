@@ -156,8 +156,7 @@ def tmb_ksplit(K: int) -> int:
 
 def _device() -> dict:
     """The current GPU's compute capability (90 for sm_90) and multiprocessor count."""
-    p = L.device_props()
-    return {"cc": 10 * int(p["major"]) + int(p["minor"]), "sms": int(p["multiProcessorCount"])}
+    return {"cc": L.compute_capability(), "sms": int(L.device_props()["multiProcessorCount"])}
 
 
 def tmb_eligible(W, K: int, X, ldx: int) -> bool:

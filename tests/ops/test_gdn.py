@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from gpu import F32, cp, ctrl, dev, finite, go, host, needs_gpu, rel
+from kestrel.cuda import launch as L
 from kestrel.ops import gdn
 from kestrel.ops.gdn import GDNShape, gdn_rows
 from kestrel.state import DeviceState
@@ -150,7 +151,8 @@ def test_gdn_recur_variants_are_bit_identical(be, rng, shape, m, mode):
     n = m + 1
     slot = int(rng.integers(0, n))
     out = []
-    for variant in gdn.GDN_RECUR_VARIANTS:
+    variants = [v for v in gdn.GDN_RECUR_VARIANTS if v != "cluster" or L.compute_capability() >= 90]
+    for variant in variants:
         S_ring = cp.full((n,) + d["S0"].shape, np.nan, np.float32)
         h_ring = cp.full((n,) + d["h0"].shape, np.nan, np.float32)
         S_ring[slot], h_ring[slot] = dev(d["S0"]), dev(d["h0"])
@@ -158,7 +160,7 @@ def test_gdn_recur_variants_are_bit_identical(be, rng, shape, m, mode):
         out.append((y, host(S_ring), host(h_ring)))
     y0, S0, h0 = out[0]
     assert finite(y0)
-    for variant, (y1, S1, h1) in zip(gdn.GDN_RECUR_VARIANTS[1:], out[1:]):
+    for variant, (y1, S1, h1) in zip(variants[1:], out[1:]):
         assert np.array_equal(y0, y1), variant
         assert np.array_equal(S0, S1, equal_nan=True) and np.array_equal(h0, h1, equal_nan=True), variant
 
@@ -167,11 +169,16 @@ def test_gdn_recur_variant_choice():
     """The register kernels only for their compiled head dims; anything else runs gdn_recur."""
     assert gdn.gdn_recur_in_registers(128, 128) and not gdn.gdn_recur_in_registers(64, 32)
     assert gdn.gdn_recur_smem(128, 128, regs=True) < gdn.gdn_recur_smem(128, 128)
-    assert gdn.gdn_recur_variant(64, 32) == "smem" and gdn.gdn_recur_variant(128, 128) == gdn.GDN_RECUR
+    assert gdn.gdn_recur_variant(64, 32, cc=90) == "smem" and gdn.gdn_recur_variant(128, 128, cc=90) == gdn.GDN_RECUR
     for v in gdn.GDN_RECUR_VARIANTS:
-        assert gdn.gdn_recur_variant(128, 128, v) == v
+        assert gdn.gdn_recur_variant(128, 128, v, cc=90) == v
     for v in ("cluster", "regs"):
         with pytest.raises(ValueError, match="compiled for dk, dv = 128, 128, not 64, 32"):
-            gdn.gdn_recur_variant(64, 32, v)
+            gdn.gdn_recur_variant(64, 32, v, cc=90)
     with pytest.raises(ValueError, match="variant 'fast'"):
-        gdn.gdn_recur_variant(128, 128, "fast")
+        gdn.gdn_recur_variant(128, 128, "fast", cc=90)
+    # before sm_90 (no thread-block clusters): the default falls back to the one-block kernel,
+    # and asking for the cluster kernel by name is refused
+    assert gdn.gdn_recur_variant(128, 128, cc=80) == ("regs" if gdn.GDN_RECUR == "cluster" else gdn.GDN_RECUR)
+    with pytest.raises(ValueError, match="needs thread-block clusters .* this GPU is sm_80"):
+        gdn.gdn_recur_variant(128, 128, "cluster", cc=80)
