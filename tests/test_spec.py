@@ -554,3 +554,26 @@ def test_bench_script_quick(tmp_path):
     assert all(r.predicted_speedup > 0 for r in runs)
     md = (tmp_path / "bench_spec_quick.md").read_text()
     assert "speedup" in md and "predicted" in md
+
+
+@pytest.mark.parametrize("policy", list(spec.POLICIES))
+def test_finalised_names_the_verify_row_its_logits_are(model, starts, policy):
+    """A policy's Finalised says which verify row its logits are (the driver then reuses that
+    row's argmax for a_p' instead of a second argmax and read); None where they came from another
+    call: the extra step of n_ok = 0 and the replayed rows of the replay policies."""
+    pol, k = spec.POLICIES[policy], 3
+    drafts = [int(t) for t in np.random.default_rng(7).integers(0, model.cfg.vocab_size, k)]
+    for n_ok in range(k + 1):
+        eng = kestrel.Engine(model, max_seq=64, mmax=k, batch=pol.batch)       # a fresh engine each time
+        s0 = eng.prefill(starts[1])
+        p = eng.cursor - 1
+        if pol.uses_mark:
+            eng.mark()
+        s = pol.verify(eng, p + 1, drafts)
+        consumed = drafts[:n_ok] if n_ok else [int(model.be.argmax(s0.logits[-1]))]
+        fin = pol.finalise(eng, s, p, consumed, n_ok, k, lambda name: None)
+        if n_ok == 0 or (pol.uses_mark and n_ok < k):
+            assert fin.verify_row is None
+        else:
+            assert fin.verify_row == n_ok - 1
+            assert np.array_equal(model.be.to_numpy(fin.logits), model.be.to_numpy(s.logits[n_ok - 1]))

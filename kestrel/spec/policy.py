@@ -29,11 +29,14 @@ from .schedule import advance
 class Finalised:
     """What a round has after its finalise step: the verified hiddens of the consumed rows
     ([adv, D]), the logits of the last one, and for replay policies the replayed rows (so that
-    check_rows can compare them with the verify's)."""
+    check_rows can compare them with the verify's). verify_row: which row of the verify `logits`
+    is, when it is one (the driver then reuses that row's argmax instead of computing it again);
+    None when the logits come from another call (a replayed or an extra step)."""
     hidden: object
     logits: object
     rolled_back: bool = False
     replayed_logits: list | None = None
+    verify_row: int | None = None
 
 
 class Policy:
@@ -89,14 +92,14 @@ def _accepted_rows(eng, s, p, consumed, n_ok, lap) -> Finalised:
     """After an undo that kept the verify's first n_ok rows: those rows, or, with n_ok == 0,
     the one M=1 step that consumes a_p."""
     if n_ok >= 1:
-        return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1])
+        return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1], verify_row=n_ok - 1)
     s1 = eng.step(p + 1, consumed[0])
     lap("replay")
     return Finalised(s1.hidden.reshape(1, -1), s1.logits)
 
 
 def _keep(s, k) -> Finalised:
-    return Finalised(s.hidden[:k], s.logits[k - 1])
+    return Finalised(s.hidden[:k], s.logits[k - 1], verify_row=k - 1)
 
 
 class _MarkRollback(Policy):

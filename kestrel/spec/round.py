@@ -12,6 +12,8 @@ cursor is at p with rows [0, p) written.
                   it is the next round's judge of d'_1.
   5. finalise     consumed == emitted: the policy's finalise (see policy.py)
   6. sync         p' = p + max(n_ok, 1); the drafter syncs the MTP slot to p'.
+  7. next anchor  a_p' = argmax(logits_p'): the verify row n_ok-1's argmax, already read in step 3,
+                  when logits_p' are that row (Finalised.verify_row); otherwise one more argmax.
   tail: when fewer than k tokens are left, a strict engine rejects the short batch; the article's
         driver stops speculating and finishes with plain M=1 steps (tail='plain', the default for
         strict). Flex engines shrink the last rounds (tail='shrink'); tail='shrink' on a strict
@@ -141,8 +143,10 @@ class SpecRun:
         hid = fin.hidden
         self.stream.extend(emitted)
         h_prev = hid[adv - 2] if adv >= 2 else ctx.h_p
+        # a_p' is the argmax of the logits at p'; when they are a verify row, the host has it already
+        a_p = rows[fin.verify_row] if fin.verify_row is not None else int(be.argmax(fin.logits))
         self.ctx = RoundCtx(p=p + adv, t_p=consumed[-1], h_p=hid[adv - 1], h_prev=h_prev,
-                            a_p=int(be.argmax(fin.logits)), emitted=len(self.stream), P=ctx.P)
+                            a_p=a_p, emitted=len(self.stream), P=ctx.P)
         self._check_invariant()
         lap("bookkeeping")
 

@@ -19,7 +19,7 @@ PHASE_DOC = {
     "rollback": "rollback(): copy S/hist back, restore cursors; checkpoint: select_checkpoint(n_ok) (no copy)",
     "replay": "replay the accepted rows (M=1 steps or one batch), or the n_ok=0 step",
     "sync": "drafter keeps the MTP slot: truncate (+ batched rewrite for the trained pairing)",
-    "bookkeeping": "accept/emit: argmax of the verify rows, checks, argmax(logits_p')",
+    "bookkeeping": "accept/emit: argmax of the verify rows, checks, argmax(logits_p') unless it is a verify row's",
 }
 
 
