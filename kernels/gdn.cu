@@ -287,16 +287,19 @@ static_assert(CL_COLS == 32, "gdn_recur_cluster: one warp's lanes are the block'
 static_assert(CL_NSLICE == GDN_RECUR_THREADS / CL_DV, "gdn_recur_cluster: the regs kernel's k-slices");
 static_assert(CL_DK % 32 == 0 && CL_DK % CL_NSLICE == 0, "gdn_recur_cluster: head dims");
 
+// the kernel's parameters (gdn_recur's), shared by the kernel and its pre-sm_90 stub
+#define GDN_RECUR_CLUSTER_PARAMS                                                                          \
+    const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz, const float* __restrict__ b, \
+        int ldb, const float* __restrict__ a, int lda, const float* __restrict__ A_log,                     \
+        const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ y, int ldy,\
+        float* __restrict__ S_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl,    \
+        int M, int nk, int nv, int dk_arg, int dv_arg, float qscale, float eps
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 // Clusters and distributed shared memory need sm_90: older GPUs get a stub (gdn_recur_variant never
 // picks this kernel there), so the rest of this file still compiles for them.
 extern "C" __global__ void __launch_bounds__(GDN_CLUSTER_THREADS)
-gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz,
-                  const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda,
-                  const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                  const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring,
-                  i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv,
-                  int dk_arg, int dv_arg, float qscale, float eps) {
+gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     __trap();
 }
 #else
@@ -325,12 +328,7 @@ __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 extern "C" __global__ void __cluster_dims__(GDN_CLUSTER, 1, 1) __launch_bounds__(GDN_CLUSTER_THREADS)
-gdn_recur_cluster(const float* __restrict__ xc, int ldx, const float* __restrict__ z, int ldz,
-                  const float* __restrict__ b, int ldb, const float* __restrict__ a, int lda,
-                  const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                  const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring,
-                  i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv,
-                  int dk_arg, int dv_arg, float qscale, float eps) {
+gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     constexpr int R = GDN_RECUR_ROWS;
     __shared__ float qn[R][CL_DK], kn[R][CL_DK];        // normalized q, k of each row of the chunk
     __shared__ float vx[R][CL_COLS], zx[R][CL_COLS];    // this block's v and z columns
