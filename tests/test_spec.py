@@ -572,8 +572,29 @@ def test_finalised_names_the_verify_row_its_logits_are(model, starts, policy):
         s = pol.verify(eng, p + 1, drafts)
         consumed = drafts[:n_ok] if n_ok else [int(model.be.argmax(s0.logits[-1]))]
         fin = pol.finalise(eng, s, p, consumed, n_ok, k, lambda name: None)
+        assert pol.logits_are_a_verify_row(k, n_ok) == (fin.verify_row is not None)   # what the cost model reads
         if n_ok == 0 or (pol.uses_mark and n_ok < k):
             assert fin.verify_row is None
         else:
             assert fin.verify_row == n_ok - 1
             assert np.array_equal(model.be.to_numpy(fin.logits), model.be.to_numpy(s.logits[n_ok - 1]))
+
+
+def test_cost_model_prices_a_second_argmax_only_where_the_round_takes_one():
+    """Unit costs that say their bookkeeping holds only the verify rows' argmax: a round adds one
+    argmax + read for a_p' where its logits are not a verify row (n_ok = 0; a replay policy's
+    replayed rows; a policy that does not say). Older unit costs already hold it: unchanged."""
+    u0 = dataclasses.replace(UNITS, cached={1: 10.5, 2: 12.5, 3: 14.5}, fold={0: 0.05, 1: 1.0, 2: 1.2, 3: 1.4})
+    u = dataclasses.replace(u0, meta=dict(u0.meta, bookkeeping_unit="verify rows"))
+    bk = UNITS.bookkeeping
+    assert u.argmax > 0
+    for pol in ("checkpoint", "input-cache"):
+        assert spec.round_cost(u, pol, "article", 3, 2)["bookkeeping"] == bk
+        assert spec.round_cost(u, pol, "article", 3, 0)["bookkeeping"] == bk + u.argmax
+    for pol in ("replay", "flex-replay"):
+        assert spec.round_cost(u, pol, "article", 3, 3)["bookkeeping"] == bk
+        assert spec.round_cost(u, pol, "article", 3, 2)["bookkeeping"] == bk + u.argmax
+    assert spec.round_cost(u, SelectAndReplay(), "article", 3, 3)["bookkeeping"] == bk + u.argmax
+    for pol in spec.POLICIES:
+        for n in range(4):
+            assert spec.round_cost(u0, pol, "article", 3, n)["bookkeeping"] == bk

@@ -68,6 +68,8 @@ def round_cost(u: UnitCosts, policy, pairing, k: int, n: int) -> dict:
     c = {ph: 0.0 for ph in PHASES}
     c["draft"] = u.draft_ms(pairing.mtp_steps(k))
     c["bookkeeping"] = u.bookkeeping
+    if "bookkeeping_unit" in u.meta and not policy.logits_are_a_verify_row(k, n):
+        c["bookkeeping"] += u.argmax    # a_p' is not a verify row's argmax: one more argmax + read
     c["sync"] = u.truncate
     r = pairing.rewrite_rows(k, n)
     if r > 0:

@@ -68,6 +68,12 @@ class Policy:
         """Whether UnitCosts u measured every call this policy's cost formula uses."""
         return True
 
+    def logits_are_a_verify_row(self, k: int, n: int) -> bool:
+        """Whether finalise, for k drafts accepting n, returns a verify row's logits (its
+        Finalised.verify_row set), so the round needs no second argmax for a_p'. A policy that
+        does not say: False (the cost model prices the argmax)."""
+        return False
+
     def state_traffic(self, cfg, k: int, n: int) -> dict:
         """Bytes of recurrent state one round reads and writes (GDN S + conv window, and cached
         inputs), and the bytes it keeps beside the live state, for k drafts accepting n."""
@@ -127,6 +133,9 @@ class _MarkRollback(Policy):
         outs = [eng.step(p + 1 + j, t) for j, t in enumerate(consumed)]          # M=1, row by row
         return eng.model.be.xp.stack([o.hidden for o in outs]), outs[-1].logits, [o.logits for o in outs]
 
+    def logits_are_a_verify_row(self, k, n):
+        return n == k                   # all accepted: no rollback, the verify's rows are kept
+
     def cost(self, u, k, n):
         c = {"mark": u.mark, "verify": u.get("step_m", k)}
         if n < k:
@@ -184,6 +193,9 @@ class CheckpointPolicy(Policy):
         lap("rollback")
         return _accepted_rows(eng, s, p, consumed, n_ok, lap)
 
+    def logits_are_a_verify_row(self, k, n):
+        return n >= 1                   # n = 0 takes one more step for a_p
+
     def cost(self, u, k, n):
         c = {"verify": u.get("ckpt", k), "rollback": u.select}
         if n == 0:
@@ -213,6 +225,9 @@ class InputCachePolicy(Policy):
 
     def priced_by(self, u):
         return bool(u.cached) and bool(u.fold)
+
+    def logits_are_a_verify_row(self, k, n):
+        return n >= 1                   # n = 0 takes one more step for a_p
 
     def cost(self, u, k, n):
         c = {"verify": u.get("cached", k), "rollback": u.get("fold", n)}

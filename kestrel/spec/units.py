@@ -30,7 +30,8 @@ class UnitCosts:
     fold: dict = field(default_factory=dict)     # fold_cached(n) of a pending cached verify, n = 0..k_max
     truncate: float = 0.0       # mtp_truncate (cursor move)
     argmax: float = 0.0         # argmax of one logits row + read to host (greedy per token)
-    bookkeeping: float = 0.0    # per-round bookkeeping (argmax of the verify rows, accept, emit)
+    bookkeeping: float = 0.0    # per-round bookkeeping (argmax of the verify rows, accept, emit; results
+                                # without meta["bookkeeping_unit"]: also argmax(logits_p') every round)
     chain: dict = field(default_factory=dict)    # one mtp_draft chain of n rows, n = 1..k_max (its fixed
                                                  # cost, one read and one check, is paid once a chain)
     meta: dict = field(default_factory=dict)
@@ -195,9 +196,11 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     lg1 = s.logits[ctx - 1]
     lgk = s.logits[:k_max]
     u["argmax"] = _median_ms(be, lambda: int(be.argmax(lg1)), reps, warmup)
-    u["bookkeeping"] = _median_ms(be, lambda: (be.to_numpy(be.argmax(lgk)), int(be.argmax(lg1))), reps, warmup)
+    u["bookkeeping"] = _median_ms(be, lambda: be.to_numpy(be.argmax(lgk)), reps, warmup)
     meta = {"model": cfg.name, "device": getattr(be, "device_name", be.name), "ctx": ctx, "reps": reps,
             "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes,
             "mtp_table": "mtp_fill",       # what the mtp table timed (results without this key: mtp_step)
-            "draft_unit": f"mtp_draft chain of {k_max} / {k_max}"}   # (without this key: mtp_step + argmax + read)
+            "draft_unit": f"mtp_draft chain of {k_max} / {k_max}",   # (without this key: mtp_step + argmax + read)
+            # (without this key: bookkeeping also held the argmax of a_p', in every round)
+            "bookkeeping_unit": "the verify rows' argmax + read; a_p' priced as argmax where it is not a verify row"}
     return UnitCosts(meta=meta, **u)
