@@ -41,10 +41,9 @@ def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
     from kestrel.config import PRESETS as P
     from kestrel.cuda import launch as L
     from kestrel.ops import gdn
-    from kestrel.cuda.launch import CTRL_SLOT, CTRL_TOK
     cfg = P[name]
     sh = gdn.GDNShape.of(cfg)
-    L, C, nv, nvdv = len(cfg.gdn_layers), sh.C, sh.nv, sh.nv * sh.dv
+    nl, C, nv, nvdv = len(cfg.gdn_layers), sh.C, sh.nv, sh.nv * sh.dv
     width = C + nvdv + 2 * nv                 # the in-projection's stacked row [qkv | z | b | a]
     mmax, nslots = max(MS), max(MS) + 1
     rs = cp.random.RandomState(seed)
@@ -54,9 +53,9 @@ def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
     dt_bias = rs.uniform(-1, 1, nv, dtype=np.float32)
     norm_w = (1 + 0.1 * rs.standard_normal(sh.dv, dtype=np.float32)).astype(np.float32)
     rings = [(0.3 * rs.standard_normal((nslots, nv, sh.dk, sh.dv), dtype=np.float32)).astype(np.float32)
-             for _ in range(L)]
-    ctrl = cp.zeros(CTRL_TOK + 1, cp.int32)     # live slot 0
-    assert int(ctrl[CTRL_SLOT]) == 0
+             for _ in range(nl)]
+    ctrl = cp.zeros(L.CTRL_TOK + 1, cp.int32)     # live slot 0
+    assert int(ctrl[L.CTRL_SLOT]) == 0
     y = cp.empty((mmax, nvdv), cp.float32)
     state = nv * sh.dk * sh.dv * 4
     stream = cp.cuda.Stream(non_blocking=True)
@@ -66,19 +65,14 @@ def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
                                     A_log, dt_bias, norm_w, y, nvdv, ring, ring[0].size, nslots, mode, ctrl, m, sh,
                                     variant=variant)
 
-    def go(l):
-        fn, grid, block, args, smem = l
-        fn(grid, block, args, shared_mem=smem)
-
-    variants = [v for v in gdn.GDN_RECUR_VARIANTS if v != "cluster" or L.compute_capability() >= 90]
-    out = {"preset": name, "shape": {"nk": sh.nk, "nv": nv, "dk": sh.dk, "dv": sh.dv}, "layers": L,
+    variants = list(gdn.gdn_recur_runnable(sh.dk, sh.dv))
+    out = {"preset": name, "shape": {"nk": sh.nk, "nv": nv, "dk": sh.dk, "dv": sh.dv}, "layers": nl,
            "state_bytes": state, "variants": variants, "bit_identical": {}, "us": {}}
     # bit for bit against gdn_recur: one 5-row checkpointing launch on a copy of ring 0
     ref = None
     for v in variants[::-1]:
         r = rings[0].copy()
-        with stream:
-            go(launch(v, "checkpoint", 5, r))
+        L.go(launch(v, "checkpoint", 5, r), stream)
         stream.synchronize()
         got = (cp.asnumpy(y[:5]), cp.asnumpy(r))
         if v == "smem":
@@ -88,8 +82,9 @@ def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
     for v in variants:
         for mode in MODES:
             for m in MS:
-                ls = [launch(v, mode, m, rings[g]) for g in range(L)]
-                out["us"][f"{v}/{mode}/{m}"] = time_cupy_graph(cp, stream, lambda: [go(l) for l in ls], L, reps)["us"]
+                ls = [launch(v, mode, m, rings[g]) for g in range(nl)]
+                out["us"][f"{v}/{mode}/{m}"] = time_cupy_graph(cp, stream, lambda: [L.go(x, stream) for x in ls], nl,
+                                                               reps)["us"]
         print(name, v, {k: round(t, 2) for k, t in out["us"].items() if k.startswith(v)}, flush=True)
     return out
 
@@ -100,7 +95,7 @@ def moved(state: int, mode: str, m: int) -> int:
 
 
 def render_md(R: dict) -> str:
-    s = [f"# GDN recurrence kernels alone", "",
+    s = ["# GDN recurrence kernels alone", "",
          f"Device: **{R['device']}**, measured {R['date']} with `{R['command']}` (commit {R['commit']}).", "",
          "One launch = one GDN layer's recurrence and gated norm for M rows (gdn_conv not included), "
          "timed in a CUDA graph of one launch per layer, each on its own state (µs per launch, median "

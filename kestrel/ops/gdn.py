@@ -29,7 +29,7 @@ GDN_CLUSTER_THREADS = 32 * (GDN_RECUR_THREADS // GDN_RECUR_REGS_DV)   # one warp
 GDN_RECUR_ROWS = 8              # gdn_recur_cluster: rows whose inputs are loaded at once
 # The recurrence kernel (A/B timing; all three agree bit for bit): "cluster" and "regs" only for
 # their compiled head dims ("cluster" also only on sm_90 and later), "smem" (gdn_recur) for any;
-# gdn_recur_variant falls back from the one asked for to the next that can run.
+# by default gdn_recur_variant takes GDN_RECUR, or the next in this order that can run.
 GDN_RECUR_VARIANTS = ("cluster", "regs", "smem")
 GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "cluster")
 if GDN_RECUR not in GDN_RECUR_VARIANTS:
@@ -131,27 +131,32 @@ def gdn_recur_in_registers(dk: int, dv: int) -> bool:
     return (dk, dv) == (GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
 
 
+def gdn_recur_runnable(dk: int, dv: int, cc: int | None = None) -> tuple:
+    """The recurrence kernels that can run heads of dk x dv here, in GDN_RECUR_VARIANTS order: the
+    register kernels only for their compiled head dims, gdn_recur_cluster only on sm_90 and later
+    (thread-block clusters). cc: the GPU's compute capability (90 for sm_90), read from the
+    current device when the dims make it matter."""
+    if not gdn_recur_in_registers(dk, dv):
+        return ("smem",)
+    cc = L.compute_capability() if cc is None else cc
+    return tuple(v for v in GDN_RECUR_VARIANTS if v != "cluster" or cc >= 90)
+
+
 def gdn_recur_variant(dk: int, dv: int, variant: str | None = None, cc: int | None = None) -> str:
-    """Which recurrence kernel runs heads of dk x dv: `variant` if given (refused where its head
-    dims are not these, or, for "cluster", on a GPU without thread-block clusters), else GDN_RECUR
-    where it can run, else "regs" where the dims allow, else "smem". cc: the GPU's compute
-    capability (90 for sm_90), read from the current device when a choice depends on it."""
-    can = gdn_recur_in_registers(dk, dv)
-    if variant is not None:
-        if variant not in GDN_RECUR_VARIANTS:
-            raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
-        if variant != "smem" and not can:
-            raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, "
-                             f"{GDN_RECUR_REGS_DV}, not {dk}, {dv}")
-    want = variant or GDN_RECUR
-    if want == "cluster" and can:
+    """Which recurrence kernel runs heads of dk x dv: `variant` if given (refused where it cannot
+    run: gdn_recur_runnable), else GDN_RECUR, or the first after it that can run here."""
+    if variant is not None and variant not in GDN_RECUR_VARIANTS:
+        raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
+    if variant not in (None, "smem") and not gdn_recur_in_registers(dk, dv):
+        raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, "
+                         f"{GDN_RECUR_REGS_DV}, not {dk}, {dv}")
+    here = gdn_recur_runnable(dk, dv, cc)
+    if variant is None:
+        return next(v for v in GDN_RECUR_VARIANTS[GDN_RECUR_VARIANTS.index(GDN_RECUR):] if v in here)
+    if variant not in here:
         cc = L.compute_capability() if cc is None else cc
-        if cc >= 90:
-            return want
-        if variant is not None:
-            raise ValueError(f"gdn_recur_cluster needs thread-block clusters (sm_90 and later); this GPU is sm_{cc}")
-        want = "regs"                          # the default, on an older GPU
-    return want if (want == "smem" or can) else "smem"
+        raise ValueError(f"gdn_recur_cluster needs thread-block clusters (sm_90 and later); this GPU is sm_{cc}")
+    return variant
 
 
 def gdn_recur_smem(dk: int, dv: int, regs: bool = False) -> int:

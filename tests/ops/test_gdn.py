@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 from gpu import F32, cp, ctrl, dev, finite, go, host, needs_gpu, rel
-from kestrel.cuda import launch as L
 from kestrel.ops import gdn
 from kestrel.ops.gdn import GDNShape, gdn_rows
 from kestrel.state import DeviceState
@@ -151,7 +150,7 @@ def test_gdn_recur_variants_are_bit_identical(be, rng, shape, m, mode):
     n = m + 1
     slot = int(rng.integers(0, n))
     out = []
-    variants = [v for v in gdn.GDN_RECUR_VARIANTS if v != "cluster" or L.compute_capability() >= 90]
+    variants = gdn.gdn_recur_runnable(sh.dk, sh.dv)
     for variant in variants:
         S_ring = cp.full((n,) + d["S0"].shape, np.nan, np.float32)
         h_ring = cp.full((n,) + d["h0"].shape, np.nan, np.float32)
@@ -182,3 +181,6 @@ def test_gdn_recur_variant_choice():
     assert gdn.gdn_recur_variant(128, 128, cc=80) == ("regs" if gdn.GDN_RECUR == "cluster" else gdn.GDN_RECUR)
     with pytest.raises(ValueError, match="needs thread-block clusters .* this GPU is sm_80"):
         gdn.gdn_recur_variant(128, 128, "cluster", cc=80)
+    assert gdn.gdn_recur_runnable(128, 128, cc=90) == gdn.GDN_RECUR_VARIANTS
+    assert gdn.gdn_recur_runnable(128, 128, cc=80) == ("regs", "smem")
+    assert gdn.gdn_recur_runnable(64, 32) == ("smem",)            # no device asked: nothing depends on it
