@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from .draft import DraftFeed
 from .errors import DeviceError
 from .weights import bf16_to_f32, f32_to_bf16
 from .ops import attention as _attn
@@ -79,23 +80,30 @@ class CPUBackend:
         """Execute `prog` (kestrel/program.py) over M rows at positions pos..pos+M-1 on the
         engine's DeviceState `st`. Returns (hidden [M, D], logits [M, V]), None for a program
         that has none (mtp_fill)."""
+        if isinstance(tokens, DraftFeed):
+            tokens = tokens.host()
         env = {"tokens": np.asarray(tokens, dtype=np.int64)}
         if hid is not None:
             env["hid"] = np.ascontiguousarray(hid, dtype=np.float32)
         self.execute(model, prog, prog.ops, env, st, pos, gdn_mode)
         return env.get(prog.hidden), env.get(prog.logits)
 
-    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None):
-        """k rows of the MTP program, each fed by the one before (Model.mtp_draft): row j at
-        position pos+j reads (x_j, h_j); x_{j+1} = argmax(logits_j) or forced[j], h_{j+1} = its
-        hidden. -> (argmax tokens [k] int64, hiddens [k, D])."""
+    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None, fill=None):
+        """k rows of the MTP program, each fed by the one before (Model.mtp_draft): row j reads
+        (x_j, h_j); x_{j+1} = argmax(logits_j) or forced[j], h_{j+1} = its hidden. fill =
+        (tokens [m], hidden [m, D]): m rows before row 0, in row 0's pass (one M = m+1 run).
+        -> (argmax tokens [k] int64, hiddens [k, D])."""
         toks = np.empty(k, np.int64)
         hs = np.empty((k, model.cfg.hidden_size), np.float32)
-        x, h = token, np.asarray(hid, np.float32).reshape(1, -1)
+        x, h = [token], np.asarray(hid, np.float32).reshape(1, -1)
+        if fill is not None:
+            x, h = [int(t) for t in fill[0]] + x, np.concatenate([np.asarray(fill[1], np.float32), h])
         for j in range(k):
-            h, lg = self.run(model, prog, st, [x], pos + j, hid=h)
-            toks[j], hs[j] = self.argmax(lg[0]), h[0]
-            x = int(toks[j]) if forced is None else int(forced[j])
+            h, lg = self.run(model, prog, st, x, pos, hid=h)
+            pos += len(x)
+            h, lg = h[-1:], lg[-1]
+            toks[j], hs[j] = self.argmax(lg), h[0]
+            x = [int(toks[j]) if forced is None else int(forced[j])]
         return toks, hs
 
     def fold(self, model, prog, st, n: int):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import inputs
+from .draft import Draft, DraftFeed
 from .errors import BatchWidthError, CursorError, KestrelError, SnapshotError, TokenError
 from .model import Model
 from .state import DeviceState
@@ -38,12 +39,6 @@ _FINISH = {"checkpointed": "select_checkpoint", "cached": "fold_cached"}   # wha
 class Step:
     hidden: object   # [D] for one row, [M, D] for a batch (after model.norm / mtp.norm)
     logits: object   # [V] or [M, V]
-
-
-@dataclass
-class Draft:
-    tokens: list     # the k rows' argmax tokens (the MTP head's drafts), read back once
-    hidden: object   # [k, D] the rows' h' (after mtp.norm), on the backend
 
 
 def _is_int(x) -> bool:
@@ -117,7 +112,13 @@ class Engine:
         return d
 
     # ---- validation (no state touched) ----------------------------------------------------
-    def _tokens(self, tokens, what: str) -> np.ndarray:
+    def _tokens(self, tokens, what: str):
+        """Token ids -> an int64 array; a DraftFeed (kestrel/draft.py) of this engine's own draft
+        stays as it is (its drafted tokens are argmax rows or forced tokens checked by mtp_draft)."""
+        if isinstance(tokens, DraftFeed):
+            if tokens.draft.owner is not self:
+                raise TokenError(f"{what}: this DraftFeed's draft was not made by this engine's mtp_draft")
+            return tokens
         return inputs.token_ids(tokens, self.cfg.vocab_size, what)
 
     def _check_pos(self, pos, m: int, cursor: int, what: str, cursor_name: str = "cursor"):
@@ -253,26 +254,46 @@ class Engine:
         self.mtp_len = pos + len(toks)
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
 
-    def mtp_draft(self, pos, token, hidden, k, forced=None) -> Draft:
-        """The draft chain: k MTP rows at positions pos..pos+k-1 (pos == MTP cursor), each fed by
-        the one before. Row 0 reads (token, hidden [D]); row j+1 reads the argmax of row j's
-        logits (forced[j] instead, when given: the replay oracle's tokens) and row j's h'. The
-        state it leaves is bit-identical to k mtp_step calls fed that way; the difference is
-        the host: on CUDA the argmax and the feed stay on the device and the k tokens are read
-        back once, where k mtp_step calls wait for each token before the next call."""
+    def mtp_draft(self, pos, token, hidden, k, forced=None, fill_tokens=None, fill_hidden=None) -> Draft:
+        """The draft chain: k MTP rows, each fed by the one before. Row 0 reads (token, hidden [D]);
+        row j+1 reads the argmax of row j's logits (forced[j] instead, when given: the replay
+        oracle's tokens) and row j's h'. The state it leaves is bit-identical to k mtp_step calls
+        fed that way; the difference is the host: on CUDA the argmax and the feed stay on the
+        device, and the Draft's tokens stay there until read (a verify can take them as
+        draft.feed(...) without that read), where k mtp_step calls wait for each token.
+
+        fill_tokens [m] with fill_hidden [m, D]: m rows written before the chain, in its first
+        pass, with the bits mtp_fill(pos, fill_tokens, fill_hidden) would write (the rows a round
+        confirmed); the chain's rows are then pos+m..pos+m+k-1. Without them, pos..pos+k-1.
+        pos == MTP cursor either way."""
+        if not self.model.has_mtp:
+            raise KestrelError("mtp_draft: this model has no MTP head (mtp_num_hidden_layers = 0)")
         if not _is_single(token):
             raise TokenError(f"mtp_draft: takes one token (an int) and hidden [D], the chain's first row; "
                              f"got {token!r:.40}")
-        toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_draft")
+        if (fill_tokens is None) != (fill_hidden is None):
+            raise TokenError("mtp_draft: fill_tokens and fill_hidden go together (the rows written before the chain)")
+        xp, D = getattr(self.be, "xp", np), self.cfg.hidden_size
+        toks = self._tokens(token, "mtp_draft")
+        hid = inputs.hidden_rows(hidden, (D,), "mtp_draft: hidden", xp, finite=False)
         k = inputs.count(k, "mtp_draft: k", 1)
-        self._check_pos(pos, k, self.mtp_len, "mtp_draft", "MTP cursor")      # the k rows fit in max_seq
+        rows, fill = [(hid, "mtp_draft: hidden")], None
+        if fill_tokens is not None:
+            ft = self._tokens(fill_tokens, "mtp_draft: fill_tokens")
+            fh = inputs.hidden_rows(fill_hidden, (len(ft), D), "mtp_draft: fill_hidden", xp, finite=False)
+            rows.append((fh, "mtp_draft: fill_hidden"))
+            fill = (ft, self.be.asarray(fh).reshape(len(ft), D))
+        inputs.all_finite([(self.be.asarray(a), what) for a, what in rows], xp)     # one wait, both checked
+        m = 0 if fill is None else len(fill[0])
+        self._check_pos(pos, m + k, self.mtp_len, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
         if forced is not None:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:
                 raise TokenError(f"mtp_draft: forced holds {len(forced)} tokens, the chain has k={k} rows")
-        t, h = self.model.mtp_draft(int(toks[0]), hid, pos, k, self.state, forced)
-        self.mtp_len = pos + k
-        return Draft([int(x) for x in self.be.to_numpy(t)], h)
+        t, h = self.model.mtp_draft(int(toks[0]), self.be.asarray(hid).reshape(1, D), pos, k, self.state,
+                                    forced, fill)
+        self.mtp_len = pos + m + k
+        return Draft(t, h, owner=self)
 
     def mtp_fill(self, pos, token, hidden) -> None:
         """Write the MTP head's KV rows pos..pos+M-1 (pos == MTP cursor) bit for bit as mtp_step

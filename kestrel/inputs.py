@@ -95,12 +95,13 @@ def _checked(values: list, vocab: int, what: str) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
-def hidden_rows(x, shape: tuple, what: str, xp=np):
+def hidden_rows(x, shape: tuple, what: str, xp=np, finite: bool = True):
     """Hidden-state rows: finite real floats of exactly `shape` -> a float32 array.
 
     A device array (it has __cuda_array_interface__) is checked where it lives, with `xp`
     (the backend's array module), and returned on the device; anything else is checked
-    and returned on the host."""
+    and returned on the host. finite=False leaves the NaN/Inf check to the caller
+    (all_finite, which checks several arrays with one wait for the device)."""
     shape = tuple(shape)
     device = hasattr(x, "__cuda_array_interface__")
     mod = xp if device else np
@@ -129,9 +130,19 @@ def hidden_rows(x, shape: tuple, what: str, xp=np):
         out = mod.ascontiguousarray(arr, dtype=np.float32)
     if out is arr:
         out = out.copy()  # the engine keeps no reference to the caller's array
-    if not bool(mod.isfinite(out).all()):   # after the cast: 1e300 in float64 is Inf in float32
-        raise TokenError(f"{what} contains NaN or Inf (as float32)")
+    if finite:
+        all_finite([(out, what)], mod)
     return out
+
+
+def all_finite(arrays, xp=np):
+    """TokenError naming the first of [(float32 array, what)] that holds a NaN or an Inf. The
+    arrays live where xp computes; their flags come back in one read (one wait for a device)."""
+    flags = xp.stack([xp.isfinite(a).all() for a, _ in arrays])
+    ok = flags.get() if hasattr(flags, "get") else np.asarray(flags)
+    for good, (_, what) in zip(ok, arrays):
+        if not good:      # checked after the cast: 1e300 in float64 is Inf in float32
+            raise TokenError(f"{what} contains NaN or Inf (as float32)")
 
 
 def count(x, what: str, lo: int = 0, hi: int | None = None, bound: str | None = None) -> int:

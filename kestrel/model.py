@@ -45,12 +45,13 @@ class Model:
         """The MTP head's KV rows at positions pos.., as mtp_forward writes them; no output."""
         self.be.run(self, self.mtp_fill_prog, state, tokens, pos, hid=hidden)
 
-    def mtp_draft(self, token: int, hidden, pos: int, k: int, state, forced=None):
-        """k MTP rows at positions pos.., each fed by the one before: row 0 reads (token, hidden);
-        row j+1 reads (argmax of row j's logits, or forced[j]) and row j's h'. -> (the rows'
-        argmax tokens [k], their h' [k, D]) as backend arrays. The CUDA backend runs the whole
-        chain on the device (kestrel/cuda/backend.py: mtp_chain)."""
-        return self.be.mtp_chain(self, self.mtp, state, int(token), hidden, pos, k, forced)
+    def mtp_draft(self, token: int, hidden, pos: int, k: int, state, forced=None, fill=None):
+        """k MTP rows, each fed by the one before: row 0 reads (token, hidden [1, D]); row j+1
+        reads (argmax of row j's logits, or forced[j]) and row j's h'. fill: (tokens [m], hidden
+        [m, D]) rows written first, in the chain's first pass (so the rows start at pos + m).
+        -> (the rows' argmax tokens [k], their h' [k, D]) as backend arrays. The CUDA backend runs
+        the whole chain on the device (kestrel/cuda/backend.py: mtp_chain)."""
+        return self.be.mtp_chain(self, self.mtp, state, int(token), hidden, pos, k, forced, fill)
 
     def __repr__(self):
         c = self.cfg

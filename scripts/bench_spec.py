@@ -159,6 +159,9 @@ def markdown(d) -> str:
           "cost model priced with unit costs measured on the same model and device, for the run's own rounds.",
           "Phases per token: draft, mark, verify, rollback (checkpoint: select), replay (or the n_ok=0 step),",
           "sync (the drafter's MTP slot), bookkeeping (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
+    if "chain_fill" in json.dumps(d):
+        L[-1:] = ["The trained pairing's rewrite of the MTP rows a round confirmed rides in the next round's draft chain",
+                  "(its first pass), so it is paid in the draft phase; sync is the truncate alone.", ""]
     a = d.get("tiny")
     if a:
         L += [f"## (a) {a['model']} end to end ({len(a['starts'])} start(s), T={a['T']}, {a['device']})", "",
@@ -262,7 +265,9 @@ def _units(u) -> str:
     mtp = meta.get("mtp_table", "mtp_step")      # runs before mtp_fill timed whole MTP steps
     draft = meta.get("draft_unit", "mtp_step + argmax + read")     # runs before the device chain
     return (f"step {_x(u['step'])}; step_m {_fmt_str(u['step_m'])}; verify_checkpointed {_fmt_str(u['ckpt'])}; "
-            f"draft ({draft}) {_x(u['draft'])}; mtp_draft chain {_fmt_str(u.get('chain', {}))}; {mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
+            f"draft ({draft}) {_x(u['draft'])}; mtp_draft chain {_fmt_str(u.get('chain', {}))}; "
+            + (f"mtp_draft of 1 row after m fill rows {_fmt_str(u['chain_fill'])}; " if u.get("chain_fill") else "")
+            + f"{mtp} {_fmt_str(u['mtp'])}; mark {_x(u['mark'])}; rollback {_x(u['rollback'])}; "
             f"select {_x(u['select'])}; verify_cached {_fmt_str(u.get('cached', {}))}; "
             f"fold {_fmt_str(u.get('fold', {}))}; argmax {_x(u['argmax'])}; bookkeeping {_x(u['bookkeeping'])}")
 

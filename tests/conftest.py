@@ -89,32 +89,53 @@ def mtp_rows_both_ways(model, prompt, q: int, toks, hid, calls: int = 1) -> dict
     return out
 
 
-def draft_by_steps(eng, pos, token, hidden, k, forced=None) -> kestrel.Draft:
+def draft_by_steps(eng, pos, token, hidden, k, forced=None, fill_tokens=None, fill_hidden=None) -> kestrel.Draft:
     """The draft chain as k mtp_step calls from the host, each fed the argmax of the row before
-    (forced[j] instead, when given) and its hidden: what Engine.mtp_draft must equal."""
+    (forced[j] instead, when given) and its hidden, after an mtp_fill of the fill rows when
+    given: what Engine.mtp_draft must equal."""
     be = eng.be
+    if fill_tokens is not None:
+        eng.mtp_fill(pos, fill_tokens, fill_hidden)
+        pos += len(fill_tokens)
     toks, rows, x, h = [], [], token, hidden
     for j in range(k):
         st = eng.mtp_step(pos + j, x, h)
         toks.append(int(be.argmax(st.logits)))
         rows.append(st.hidden)
         x, h = (toks[-1] if forced is None else int(forced[j])), st.hidden
-    return kestrel.Draft(toks, be.xp.stack(rows))
+    return kestrel.Draft(toks, be.xp.stack(rows), owner=eng)
 
 
-def draft_both_ways(model, prompt, q: int, x: int, h, k: int, forced=None, calls: int = 1):
+def draft_both_ways(model, prompt, q: int, x: int, h, k: int, forced=None, calls: int = 1, fill=None):
     """Two engines holding `prompt` and MTP rows 0..q-1; one drafts k rows from (x, h) with one
     mtp_draft, the other with k mtp_step calls, each fed the argmax of the row before (forced[j]
     instead, when given) and its hidden (each `calls` times, truncated back to q first: on a GPU
-    the second call replays the captured graphs).
+    the second call replays the captured graphs). fill = (tokens [m], hidden [m, D]): rows
+    written first, by mtp_draft's first pass on one side and by an mtp_fill on the other.
     -> {entry: (engine, drafts, hiddens [k, D] on the host)}"""
     out = {}
+    kw = {} if fill is None else {"fill_tokens": fill[0], "fill_hidden": fill[1]}
     for entry, chain in (("mtp_draft", kestrel.Engine.mtp_draft), ("mtp_step", draft_by_steps)):
         e = with_mtp_rows(model, prompt, q)
         for _ in range(calls):
             e.mtp_truncate(q)
-            d = chain(e, q, x, h, k, forced=forced)
+            d = chain(e, q, x, h, k, forced=forced, **kw)
         out[entry] = (e, d.tokens, model.be.to_numpy(d.hidden))
+    return out
+
+
+def verify_fed_both_ways(model, prompt, head, x: int, h, k: int, entry: str = "verify_checkpointed"):
+    """Two engines holding `prompt`, each drafting k tokens with one mtp_draft from (x, h), then
+    verifying head + the drafts at the cursor: one fed the DraftFeed (drafted tokens device to
+    device), the other the same tokens read to the host first.
+    -> [(engine, Step of the verify, verified tokens)] for (feed, list)"""
+    out = []
+    for fed in (True, False):
+        e, _ = fresh_engine(model, prompt, mmax=len(head) + k)
+        d = e.mtp_draft(0, x, h, k)
+        toks = d.feed(head) if fed else list(head) + d.tokens
+        s = getattr(e, entry)(e.cursor, toks)
+        out.append((e, s, list(head) + d.tokens))
     return out
 
 

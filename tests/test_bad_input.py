@@ -39,6 +39,13 @@ def fill_to_end(e):
     assert e.cursor == e.max_seq
 
 
+def other_draft(e, rng):
+    """A draft of two tokens made by another engine on the same model."""
+    o = kestrel.Engine(e.model, max_seq=8, mmax=3)
+    o.prefill([1, 2])
+    return o.mtp_draft(0, 1, hidden(e, rng), 2)
+
+
 def hidden(e, rng, *shape):
     return rng.standard_normal(shape or (e.cfg.hidden_size,)).astype(np.float32)
 
@@ -84,6 +91,24 @@ CASES = [
      kestrel.TokenError, "out of range"),
     ("mtp_draft hidden not finite", None, lambda e, V, rng: e.mtp_draft(6, 1, np.full(e.cfg.hidden_size, np.nan, np.float32), 2),
      kestrel.KestrelError, "mtp_draft: hidden contains NaN or Inf"),
+    ("mtp_draft fill tokens without their hidden", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, fill_tokens=[1, 2]),
+     kestrel.TokenError, "fill_tokens and fill_hidden go together"),
+    ("mtp_draft fill hidden misshapen", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, fill_tokens=[1, 2], fill_hidden=hidden(e, rng, 3, e.cfg.hidden_size)),
+     kestrel.TokenError, "mtp_draft: fill_hidden has shape"),
+    ("mtp_draft fill hidden not finite", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, fill_tokens=[1],
+                                   fill_hidden=np.full((1, e.cfg.hidden_size), np.inf, np.float32)),
+     kestrel.TokenError, "mtp_draft: fill_hidden contains NaN or Inf"),
+    ("mtp_draft fill token out of range", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, fill_tokens=[V], fill_hidden=hidden(e, rng, 1, e.cfg.hidden_size)),
+     kestrel.TokenError, "fill_tokens: token id .* out of range"),
+    ("mtp_draft fill rows and chain past max_seq", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 9, fill_tokens=[1] * 10, fill_hidden=hidden(e, rng, 10, e.cfg.hidden_size)),
+     kestrel.CursorError, r"mtp_draft: positions 6\.\.24 exceed max_seq=24"),
+    ("verify fed another engine's draft", None, lambda e, V, rng: e.verify_checkpointed(9, other_draft(e, rng).feed([1])),
+     kestrel.TokenError, "not made by this engine"),
     ("truncate past the rows written", None, lambda e, V, rng: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
     ("truncate negative", None, lambda e, V, rng: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
     ("select without verify", None, lambda e, V, rng: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),

@@ -17,7 +17,7 @@ except Exception:  # no driver, no device
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_NDEV == 0, reason="no CUDA GPU visible to CuPy")]
 
 import kestrel  # noqa: E402
-from conftest import draft_both_ways, mtp_rows_both_ways  # noqa: E402
+from conftest import draft_both_ways, mtp_rows_both_ways, verify_fed_both_ways  # noqa: E402
 from gpu import MODEL, host, rel  # noqa: E402
 from kestrel.model import Model  # noqa: E402
 from kestrel.weights import random_weights  # noqa: E402
@@ -187,18 +187,39 @@ def test_mtp_fill_gpu(name, dtype, rng):
 def test_mtp_draft_gpu(name, dtype, rng):
     """The device draft chain (argmax, feed, hidden and position moved between graph replays
     on the device) leaves every buffer bit-identical to k mtp_step calls fed from the host, with
-    the same drafts and hiddens; forced tokens too; graph replay included (calls=2)."""
+    the same drafts and hiddens; forced tokens too; fill rows in the first pass (an M = m+1 plan)
+    against an mtp_fill before the steps; graph replay included (calls=2)."""
     gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=6)
     V, D = gpu.cfg.vocab_size, gpu.cfg.hidden_size
     prompt = rng.integers(0, V, 10).tolist()
-    for q, k, forced in ((0, 1, False), (4, 4, False), (9, 3, True)):
+    for q, k, forced, m in ((0, 1, False, 0), (4, 4, False, 0), (9, 3, True, 0), (0, 1, False, 2), (3, 3, False, 3),
+                            (5, 2, True, 1)):
         h = gpu.be.asarray(rng.standard_normal(D).astype(np.float32))
         f = rng.integers(0, V, k).tolist() if forced else None
-        got = draft_both_ways(gpu, prompt, q, int(rng.integers(0, V)), h, k, forced=f, calls=2)
+        fill = (rng.integers(0, V, m).tolist(), gpu.be.asarray(rng.standard_normal((m, D)).astype(np.float32))) if m else None
+        got = draft_both_ways(gpu, prompt, q, int(rng.integers(0, V)), h, k, forced=f, calls=2, fill=fill)
         (ea, ta, ha), (eb, tb, hb) = got["mtp_draft"], got["mtp_step"]
         assert ta == tb and np.array_equal(ha, hb)
-        assert ea.mtp_cursor == eb.mtp_cursor == q + k
+        assert ea.mtp_cursor == eb.mtp_cursor == q + m + k
         assert_same(live(ea), live(eb))
+        a, b = ea.snapshot_state(), eb.snapshot_state()
+        for key in a:
+            assert np.array_equal(a[key], b[key]) if isinstance(a[key], np.ndarray) else a[key] == b[key], key
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("entry", ["verify_checkpointed", "verify_cached", "step_m"])
+def test_verify_fed_a_draft_feed_gpu(entry, dtype, rng):
+    """A verify fed draft.feed(head) takes the drafted tokens device to device (the host never
+    read them): same rows and state, bit for bit, as the verify fed them as a list."""
+    gpu = kestrel.load("test-a", device="cuda", dtype=dtype, seed=8)
+    V, D = gpu.cfg.vocab_size, gpu.cfg.hidden_size
+    prompt = rng.integers(0, V, 9).tolist()
+    for head, k in (((), 3), ((int(rng.integers(0, V)),), 3), ((int(rng.integers(0, V)),), 1)):
+        h = gpu.be.asarray(rng.standard_normal(D).astype(np.float32))
+        (ea, sa, ta), (eb, sb, tb) = verify_fed_both_ways(gpu, prompt, head, int(rng.integers(0, V)), h, k, entry)
+        assert ta == tb
+        assert np.array_equal(host(sa.logits), host(sb.logits)) and np.array_equal(host(sa.hidden), host(sb.hidden))
         a, b = ea.snapshot_state(), eb.snapshot_state()
         for key in a:
             assert np.array_equal(a[key], b[key]) if isinstance(a[key], np.ndarray) else a[key] == b[key], key

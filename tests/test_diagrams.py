@@ -4,6 +4,7 @@ against a running engine (test-a, CPU) with fresh random tokens; bad arguments r
 DiagramError naming the problem."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -49,10 +50,14 @@ def bars(fig, row: str):
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("pairing", ["article", "trained"])
 def test_timeline_adds_up_to_the_cost_model(rng, policy, pairing):
-    u = random_units(rng)
+    u0 = random_units(rng)
     k = int(rng.integers(1, 5))
     pr = spec.Pairing.parse(pairing)
-    for n in range(pr.min_nok, k + 1):
+    # unit costs as measured now: a chain table, the rewrite in the chain (chain_fill), a_p' priced apart
+    u1 = dataclasses.replace(u0, chain={n: float(rng.uniform(0.5, 2.0)) * n for n in range(1, 9)},
+                             chain_fill={m: float(rng.uniform(0.5, 3.0)) for m in range(1, 8)},
+                             meta=dict(u0.meta, bookkeeping_unit="verify rows"))
+    for u, n in [(u, n) for u in (u0, u1) for n in range(pr.min_nok, k + 1)]:
         fig = diagrams.round_timeline(policy, k=k, n_ok=n, unit_costs=u, pairing=pairing)
         segs = bars(fig, policy)
         want = spec.round_cost(u, policy, pairing, k, n)
@@ -63,7 +68,7 @@ def test_timeline_adds_up_to_the_cost_model(rng, policy, pairing):
         for a, b in zip(segs, segs[1:]):
             assert b[2] == pytest.approx(a[2] + a[3])
         phases = [s[0] for s in segs]
-        assert phases.count("draft") == pr.mtp_steps(k)
+        assert sum(1 for s in segs if s[1].startswith("draft d")) == pr.mtp_steps(k)
         assert ("mark" in phases) == (policy in ("replay", "flex-replay"))
         replays = phases.count("replay")
         if policy == "replay":
@@ -79,7 +84,10 @@ def test_timeline_adds_up_to_the_cost_model(rng, policy, pairing):
             sel = [s for s in segs if s[0] == "rollback"]
             assert len(sel) == 1 and sel[0][3] == u.select and f"select slot live+{n}" in sel[0][1]
         order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
-        assert order[0] == ("draft" if pr.mtp_steps(k) else order[0]) and order[-1] == "sync"
+        rewrite = [s for s in segs if "rewrite" in s[1]]       # paid at the next draft (chain_fill), else in the sync
+        assert len(rewrite) == (pr.rewrite_rows(k, n) > 0)
+        last = "draft" if rewrite and u.chain_fill else "sync"
+        assert order[0] == ("draft" if pr.mtp_steps(k) else order[0]) and order[-1] == last
         assert order.index("verify") < order.index("bookkeeping")
         greedy = bars(fig, "greedy")
         assert len(greedy) == max(n, 1) and all(s[3] == u.greedy_ms_per_token for s in greedy)
@@ -286,7 +294,7 @@ def test_cursors_match_the_engine_round_by_round(model_a, rng, pairing, policy):
     for i, (r, nxt) in enumerate(zip(rounds, rounds[1:])):
         if r.k != k:
             continue
-        fig = diagrams.cursors(pos=r.p + 1, k=r.k, n_ok=r.n_ok, pairing=pairing)
+        fig = diagrams.cursors(pos=r.p + 1, k=r.k, n_ok=r.n_ok, pairing=pairing, mtp_cursor=r.mtp_cursor)
         (cur_before, mtp_after_draft), cur_after_verify, _ = verifies[i]
         assert _marker(fig, "cursor, round start") == r.p + 1 == cur_before
         assert _marker(fig, "cursor, after the verify") == cur_after_verify

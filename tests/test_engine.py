@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import kestrel
-from conftest import draft_both_ways, fresh_engine, mtp_rows_both_ways
+from conftest import verify_fed_both_ways, draft_both_ways, fresh_engine, mtp_rows_both_ways
 
 
 def live(eng):
@@ -198,14 +198,16 @@ def test_mtp_draft_is_k_chained_mtp_steps(model, rng):
     and returns the same drafts and hiddens."""
     V, D = model.cfg.vocab_size, model.cfg.hidden_size
     prompt = rng.integers(0, V, 9).tolist()
-    for q, k, forced in ((0, 1, False), (4, 3, False), (8, 5, False), (5, 4, True)):
+    for q, k, forced, m in ((0, 1, False, 0), (4, 3, False, 0), (8, 5, False, 0), (5, 4, True, 0),
+                            (0, 1, False, 2), (3, 3, False, 1), (2, 2, True, 3)):
         h = rng.standard_normal(D).astype(np.float32)
         x = int(rng.integers(0, V))
         f = rng.integers(0, V, k).tolist() if forced else None
-        got = draft_both_ways(model, prompt, q, x, h, k, forced=f)
+        fill = (rng.integers(0, V, m).tolist(), rng.standard_normal((m, D)).astype(np.float32)) if m else None
+        got = draft_both_ways(model, prompt, q, x, h, k, forced=f, fill=fill)
         (ea, ta, ha), (eb, tb, hb) = got["mtp_draft"], got["mtp_step"]
         assert ta == tb and len(ta) == k and np.array_equal(ha, hb)
-        assert ea.mtp_cursor == eb.mtp_cursor == q + k
+        assert ea.mtp_cursor == eb.mtp_cursor == q + m + k
         a, b = ea.snapshot_state(), eb.snapshot_state()
         for name in a:
             assert np.array_equal(a[name], b[name]) if isinstance(a[name], np.ndarray) else a[name] == b[name], name
@@ -216,6 +218,30 @@ def test_mtp_draft_is_k_chained_mtp_steps(model, rng):
     d = e1.mtp_draft(0, 1, h, 3)
     e2.mtp_draft(0, 1, h, 3, forced=[(t + 1) % V for t in d.tokens])
     assert not np.array_equal(e1.state.mtp_kc[2], e2.state.mtp_kc[2])
+
+
+@pytest.mark.parametrize("entry", ["verify_checkpointed", "verify_cached", "step_m"])
+def test_verify_fed_a_draft_feed(model, rng, entry):
+    """A verify fed draft.feed(head) (the drafted tokens never read by the host before it) gives
+    the rows, and leaves the state, of the same verify fed the tokens as a list; the Draft's
+    tokens read afterwards are the ones verified."""
+    V, D = model.cfg.vocab_size, model.cfg.hidden_size
+    prompt = rng.integers(0, V, 7).tolist()
+    for head, k in (((), 3), ((int(rng.integers(0, V)),), 2), ((), 1)):
+        h = rng.standard_normal(D).astype(np.float32)
+        (ea, sa, ta), (eb, sb, tb) = verify_fed_both_ways(model, prompt, head, int(rng.integers(0, V)), h, k, entry)
+        assert ta == tb and len(ta) == len(head) + k
+        assert np.array_equal(sa.logits, sb.logits) and np.array_equal(sa.hidden, sb.hidden)
+        a, b = ea.snapshot_state(), eb.snapshot_state()
+        for name in a:
+            assert np.array_equal(a[name], b[name]) if isinstance(a[name], np.ndarray) else a[name] == b[name], name
+    # the feed is what is verified: another draft's tokens give other logits
+    e, _ = fresh_engine(model, prompt, mmax=3)
+    d = e.mtp_draft(0, 1, rng.standard_normal(D).astype(np.float32), 3)
+    s1 = e.verify_checkpointed(e.cursor, d.feed())
+    e.select_checkpoint(0)
+    s2 = e.verify_checkpointed(e.cursor, [(t + 1) % V for t in d.tokens])
+    assert not np.array_equal(s1.logits, s2.logits)
 
 
 def test_rows_past_cursors_are_never_read(model, rng):

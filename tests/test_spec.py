@@ -287,9 +287,9 @@ def test_draft_chain_drafts_as_mtp_steps_did(model, starts, refs, drafter, monke
     chained = go()
     calls = []
 
-    def counted(self, pos, token, hidden, k, forced=None):
+    def counted(self, pos, token, hidden, k, forced=None, fill_tokens=None, fill_hidden=None):
         calls.append(k)
-        return draft_by_steps(self, pos, token, hidden, k, forced)
+        return draft_by_steps(self, pos, token, hidden, k, forced, fill_tokens, fill_hidden)
 
     monkeypatch.setattr(kestrel.Engine, "mtp_draft", counted)
     stepped = go()
@@ -598,3 +598,43 @@ def test_cost_model_prices_a_second_argmax_only_where_the_round_takes_one():
     for pol in spec.POLICIES:
         for n in range(4):
             assert spec.round_cost(u0, pol, "article", 3, n)["bookkeeping"] == bk
+
+
+def test_cost_model_prices_the_rewrite_in_the_next_chain():
+    """Unit costs with a chain_fill table: the trained pairing's n_ok - 1 rewrite rows ride in the
+    next chain's first pass, so the draft phase pays chain_fill[r] - chain[1] and the sync only
+    the truncate; with k = 1 (no chain) an mtp_fill of the rows, in the draft phase too. Unit
+    costs without the table price the rewrite as an mtp_fill in the sync, as before."""
+    uc = dataclasses.replace(UNITS, chain={1: 1.7, 2: 2.4, 3: 3.1}, chain_fill={1: 1.8, 2: 1.85})
+    for n, extra in ((1, 0.0), (2, 0.1), (3, 0.15)):
+        c = spec.round_cost(uc, "checkpoint", "trained", 3, n)
+        assert c["draft"] == pytest.approx(2.4 + extra) and c["sync"] == uc.truncate
+    c = spec.round_cost(uc, "checkpoint", "trained", 1, 1)
+    assert c["draft"] == pytest.approx(uc.mtp[1]) and c["sync"] == uc.truncate
+    assert spec.round_cost(uc, "checkpoint", "article", 3, 3)["draft"] == 3.1          # no rewrite
+    u_old = dataclasses.replace(uc, chain_fill={})
+    assert spec.round_cost(u_old, "checkpoint", "trained", 3, 3)["sync"] == pytest.approx(uc.mtp[2])
+    assert spec.edit_units(uc, draft=2.0).chain_fill == {1: 3.6, 2: 3.7}
+
+
+def test_trained_drafter_holds_the_rewrite_rows_for_its_next_chain(model, starts, refs, monkeypatch):
+    """After every round of the 'mtp' drafter, the MTP cursor plus the rows it holds is p (the
+    round checks it), the held rows are the round's n_ok - 1 past the exact first one, and the
+    run makes no mtp_fill call of its own after the prompt's: the rows go in the chains."""
+    calls = []
+    orig = kestrel.Engine.mtp_fill
+
+    def counted(self, pos, token, hidden):
+        calls.append(pos)
+        return orig(self, pos, token, hidden)
+
+    held = []
+    d = spec.make_drafter("mtp")
+    monkeypatch.setattr(kestrel.Engine, "mtp_fill", counted)
+    r = spec.run_spec(model, starts[0], T, 3, "checkpoint", d, reference=refs[0],
+                      on_round=lambda rec: held.append((rec.k, rec.n_ok, d.pending_rows)))
+    assert r.bit_exact and held
+    assert [h for _, _, h in held] == [spec.Pairing.TRAINED.rewrite_rows(k, n) for k, n, _ in held]
+    assert any(h for _, _, h in held), "no round left rows to rewrite"
+    chainless = sum(1 for (_, _, h), (k2, _, _) in zip(held, held[1:]) if h and k2 == 1)  # no chain: an mtp_fill
+    assert len(calls) == 1 + chainless and calls[0] == 0, calls

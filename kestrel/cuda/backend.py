@@ -19,6 +19,7 @@ import cupy as cp
 import numpy as np
 
 from ..config import Config
+from ..draft import DraftFeed
 from ..ops import gdn as _gdn
 from ..ops import head as _head
 from ..ops import linear as _linear
@@ -204,49 +205,79 @@ class CUDABackend:
             self._staging.put(plan.ctrl, [0, st.slot, 0, 0])
             plan.run()
 
+    def _put_tokens(self, plan, pos: int, slot: int, tokens):
+        """The plan's ctrl block: position, live slot, the M tokens. A DraftFeed's drafted tokens
+        go device to device (one small copy), so the host need not have read them."""
+        if isinstance(tokens, DraftFeed) and tokens.draft.device_tokens is not None:
+            h = len(tokens.head)
+            self._staging.put(plan.ctrl, [pos, slot, 0, 0, *tokens.head])
+            if tokens.n:
+                plan.ctrl[L.CTRL_TOK + h:L.CTRL_TOK + h + tokens.n] = tokens.draft.device_tokens[:tokens.n]
+            return
+        if isinstance(tokens, DraftFeed):
+            tokens = tokens.host()
+        self._staging.put(plan.ctrl, [pos, slot, 0, 0, *[int(t) for t in tokens]])
+
     def run(self, model, prog, st, tokens, pos: int, hid=None, gdn_mode: str = "in_place"):
         """Run `prog` over M rows at positions pos.. on DeviceState `st`: (hidden [M,D], logits [M,V]),
-        None for a program that has none (mtp_fill)."""
+        None for a program that has none (mtp_fill). tokens: ints, or a DraftFeed."""
         M = len(tokens)
         cache = M <= GRAPH_MAX_ROWS
         with self.stream:
             plan = self._plan(model, prog, st, M, gdn_mode)
             if hid is not None:
                 plan.bufs["hid"][...] = hid
-            self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in tokens]])
+            self._put_tokens(plan, pos, st.slot, tokens)
             plan.run()
             out = plan.hidden, plan.logits
             if cache:      # the plan's buffers are reused by its next run
                 return tuple(None if a is None else a.copy() for a in out)
             return out
 
-    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None):
+    def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None, fill=None):
         """The draft chain on the device (the CPU backend's mtp_chain, without the host in the
         loop): the M = 1 plan of the MTP program replays k times, and between replays the argmax
         kernel writes row j's token and small copies move it (or forced[j]) into the plan's ctrl
         block, row j's h' into its hid buffer and the position on by one. The host only enqueues;
-        nothing waits for a token until the caller reads them all. Each replay is the very graph
+        nothing waits for a token until the caller reads them. Each replay is the very graph
         mtp_step replays, so every row holds the bits of k separate mtp_step calls.
+        fill = (tokens [m], hidden [m, D]): the first pass is the M = m+1 plan over the fill rows
+        and row 0 (the rows are batch-invariant: each holds the bits of its own M = 1 pass, and
+        the fill rows' K/V are the ones mtp_fill writes); the chain goes on at pos + m + 1.
         -> (argmax tokens [k] int64, hiddens [k, D]) on the device."""
+        m = 0 if fill is None else len(fill[0])
+        V = model.cfg.vocab_size
         with self.stream:
             plan = self._plan(model, prog, st, 1, "in_place")
+            first = plan if m == 0 else self._plan(model, prog, st, m + 1, "in_place")
             toks = cp.empty(k, np.int64)
             hs = cp.empty((k, model.cfg.hidden_size), np.float32)
             feed = toks
             if forced is not None:
                 feed = cp.empty(k, np.int32)
                 self._staging.put(feed, [int(t) for t in forced])
-            plan.bufs["hid"][...] = hid.reshape(1, -1)
-            self._staging.put(plan.ctrl, [pos, st.slot, 0, 0, int(token)])
+            if m:
+                first.bufs["hid"][:m] = fill[1]
+            first.bufs["hid"][m:] = hid.reshape(1, -1)
+            self._staging.put(first.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in (fill[0] if m else ())], int(token)])
+            first.run()
+            hs[0] = first.hidden[m]
+            L.go(_head.argmax_launch(first.logits[m:], V, 1, V, toks[0:1]), self.stream)
             tok, at = plan.ctrl[L.CTRL_TOK:L.CTRL_TOK + 1], plan.ctrl[L.CTRL_POS:L.CTRL_POS + 1]
-            V = model.cfg.vocab_size
-            for j in range(k):
+            if k > 1:
+                if m:
+                    self._staging.put(plan.ctrl, [pos + m + 1, st.slot, 0, 0, 0])
+                    plan.bufs["hid"][...] = first.hidden[m:]
+                else:
+                    plan.bufs["hid"][...] = plan.hidden
+                    at += 1
+            for j in range(1, k):
+                tok[...] = feed[j - 1:j]
                 plan.run()
                 hs[j] = plan.hidden[0]
                 L.go(_head.argmax_launch(plan.logits, V, 1, V, toks[j:j + 1]), self.stream)
                 if j + 1 < k:
                     plan.bufs["hid"][...] = plan.hidden
-                    tok[...] = feed[j:j + 1]
                     at += 1
         return toks, hs
 

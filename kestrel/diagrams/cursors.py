@@ -10,23 +10,28 @@ LABEL_GAP = 0.12       # a cursor label's bottom edge above its row's cells
 LABEL_PT = 10          # the cursor labels' font size (px)
 
 
-def _mtp_rows(pairing, k: int, n: int, m0: int):
+def _mtp_rows(pairing, k: int, n: int, m0: int, p: int):
     """The MTP slot through a round: (rows the draft writes {row: input token}, cursor after the
-    draft, cursor after the sync, rows the sync keeps or rewrites {row: (token, how)})."""
+    draft, cursor after the sync, rows after the sync {row: (token, how)}: how is "kept" or
+    "held" (the trained pairing's rows the next chain rewrites in its first pass))."""
     from ..spec.schedule import advance
     adv = advance(n)
     if pairing.offset == 0:                     # article: row m0+j holds (d_j or t_p, h)
         drafted = {m0 + j: ("t_p" if j == 0 else f"d{j}") for j in range(k)}
         after_draft = m0 + k
         kept = {m0 + i: (drafted[m0 + i], "kept") for i in range(adv)}
-    else:                                       # trained: row m0+j holds (d_{j+1}, h)
-        drafted = {m0 + j: f"d{j + 1}" for j in range(k - 1)}
-        after_draft = m0 + k - 1
-        c = min(after_draft, m0 + 1)
-        kept = {r: (drafted[r], "kept") for r in range(m0, c)}
-        for r in range(c, m0 + adv):
-            kept[r] = (f"d{r - m0 + 1}", "rewritten")
-    return drafted, after_draft, m0 + adv, kept
+        return drafted, after_draft, m0 + adv, kept
+    # trained: rows m0..p-1 are the ones the last round left to rewrite (written first, in this
+    # chain's first pass, or by an mtp_fill when k = 1); row p+j holds (d_{j+1}, h)
+    held, base = max(p - m0, 0), max(m0, p)     # base > p: a cursor off the invariant (the negative control)
+    drafted = {p - held + i: "rw" for i in range(held)}
+    drafted.update({base + j: f"d{j + 1}" for j in range(k - 1)})
+    after_draft = base + k - 1
+    c = min(after_draft, base + 1)
+    kept = {r: (drafted[r], "kept") for r in range(base, c)}
+    for r in range(c, base + adv):
+        kept[r] = (f"d{r - base + 1}", "held")
+    return drafted, after_draft, c, kept
 
 
 def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = None, *, pairing="article",
@@ -38,7 +43,10 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     appends rows pos..pos+k-1 (the drafts); after accepting n_ok the cursor is pos + max(n_ok, 1)
     (for n_ok = 0 the row at pos is rewritten by the step of a_p); rows past it are invisible and
     overwritten by the next append. The MTP cursor starts at p (mtp_cursor=None) and, after the
-    draft and the sync, ends at p + max(n_ok, 1). pairing as in round_timeline."""
+    draft and the sync, ends at p + max(n_ok, 1) under the article pairing. Under the trained
+    pairing the sync keeps row p and leaves the rows up to p + n_ok - 1 to the next chain (its
+    first pass rewrites them from the verified hiddens): the cursor ends at p + 1, and the next
+    round starts with mtp_cursor = p' - (n_ok - 1). pairing as in round_timeline."""
     pr = _pairing(pairing)
     pos = _int(pos, "pos", 1, 100000)
     k = _int(k, "k", 1, K_MAX)
@@ -47,7 +55,8 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     from ..spec.schedule import advance
     adv = advance(n)
     after = pos + adv
-    drafted, m_draft, m_after, m_kept = _mtp_rows(pr, k, n, m0)
+    drafted, m_draft, m_after, m_kept = _mtp_rows(pr, k, n, m0, pos - 1)
+    held_at_start = pr.offset == 1 and m0 < pos - 1       # rows the last round left to this chain
     lo = max(0, min(pos, m0) - 5)
     hi = max(pos + k, m_draft, m_after) + 2
     cv = _Canvas()
@@ -85,7 +94,7 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
             cell(1, x, "unused", "")
             cell(2, x, "unused", "")
         # the MTP slot
-        cell(3, x, "cached" if x < m0 else "unused", "")
+        cell(3, x, "cached" if x < m0 else ("folded" if held_at_start and x < pos - 1 else "unused"), "")
         if x < m0:
             cell(4, x, "cached", "")
             cell(5, x, "cached", "")
@@ -94,6 +103,8 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
             if x in m_kept:
                 tok, how = m_kept[x]
                 cell(5, x, "selected" if how == "kept" else "folded", tok)
+            elif x in drafted and x < pos - 1:     # rewritten in the first pass, below p: kept
+                cell(5, x, "cached", "")
             elif x in drafted:
                 cell(5, x, "discarded", drafted[x], color="#999")
             else:
@@ -105,13 +116,14 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     legend = ["live", "written", "selected", "discarded", "cached", "folded"]
     xr, yr = (lo - 0.2, hi + 0.2), (ys[5] - 0.7, 1.1)
     pairing_note = {"article": "article pairing: k MTP steps, rows keep the draft-time hiddens",
-                    "trained": "trained pairing: d1 free, k-1 MTP steps, rows past p rewritten from verified hiddens"}
+                    "trained": "trained pairing: d1 free, k-1 MTP steps, rows past p rewritten from verified hiddens "
+                               "by the next chain's first pass"}
     title = title or (f"The cursors: verify at {pos}, k = {k}, n_ok = {n} → cursor {after}; "
                       f"MTP {m0} → {m_after}")
     fig = cv.figure(title, height, xr, yr, [], equal=False)
     legend_doc = {"live": "main KV row, visible", "written": "row a verify or draft wrote",
                   "selected": "row kept (visible after the round)", "discarded": "row past the cursor: invisible, "
-                  "overwritten next", "cached": "MTP KV row, visible", "folded": "MTP row rewritten by the sync"}
+                  "overwritten next", "cached": "MTP KV row, visible", "folded": "MTP row held for the next chain to rewrite"}
     for role in legend:
         fill, line, width, dash = ROLE_STYLE[role]
         fig.add_scatter(x=[None], y=[None], mode="markers", name=legend_doc[role], legendgroup=role,
@@ -132,7 +144,7 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
                      title="position (row of the cache)")
     fig.update_yaxes(visible=True, showgrid=False, zeroline=False, tickmode="array",
                      tickvals=[ys[i] for i in range(6)], ticktext=[r[0] for r in rows])
-    fig.add_annotation(text=pairing_note[pr.value] + ("" if mtp_cursor is None or m0 == pos - 1 else
+    fig.add_annotation(text=pairing_note[pr.value] + ("" if mtp_cursor is None or m0 == pos - 1 or held_at_start else
                                                        f"; note: the round invariant wants the MTP cursor at p = {pos - 1}"),
                        xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False,
                        font=dict(size=11, color="#777"))

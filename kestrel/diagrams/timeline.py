@@ -7,13 +7,13 @@ from ..plots import ms_label
 
 
 PHASE_LABELS = {
-    "draft": "draft (MTP steps)",
+    "draft": "draft (MTP steps, with the rows to rewrite)",
     "mark": "mark (copy the state)",
     "verify": "verify (k rows at once)",
     "bookkeeping": "accept (argmax, compare, emit)",
     "rollback": "undo: rollback / select / fold",
     "replay": "replay (or the n_ok = 0 step)",
-    "sync": "MTP sync (truncate, rewrite)",
+    "sync": "MTP sync (truncate)",
     "greedy": "greedy decoding, same tokens",
 }
 
@@ -21,7 +21,9 @@ PHASE_LABELS = {
 def _segments(policy, pairing, k: int, n: int, u) -> list:
     """[(phase, label, ms)] of one round in time order; the ms add up to spec.round_cost."""
     from ..spec.schedule import advance
+    from ..spec.cost import round_cost
     c = policy.cost(u, k, n)
+    total = round_cost(u, policy, pairing, k, n)
     seg = []
     first = 1 + pairing.offset
     steps = pairing.mtp_steps(k)
@@ -33,6 +35,8 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
             "input-cache": "verify_cached"}[policy.name]
     seg.append(("verify", f"verify {k} row{'s' * (k > 1)} ({what})", c["verify"]))
     seg.append(("bookkeeping", f"accept: n_ok = {n}", u.bookkeeping))
+    if total["bookkeeping"] > u.bookkeeping:       # a_p' is not a verify row: one more argmax
+        seg.append(("bookkeeping", "argmax(logits_p')", total["bookkeeping"] - u.bookkeeping))
     if policy.name in ("replay", "flex-replay"):
         if n < k:
             seg.append(("rollback", "rollback: copy S, hist back", c["rollback"]))
@@ -51,8 +55,14 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
         if n == 0:
             seg.append(("replay", "step a_p (M=1)", c["replay"]))
     r = pairing.rewrite_rows(k, n)
-    sync = u.truncate + (u.get("mtp", r) if r > 0 else 0.0)
-    seg.append(("sync", "MTP sync: truncate" + (f" + rewrite {r} row{'s' * (r > 1)}" if r > 0 else ""), sync))
+    rows = f"{r} row{'s' * (r > 1)}"
+    if total["sync"] > u.truncate:           # unit costs from before the rewrite rode in the chain
+        seg.append(("sync", f"MTP sync: truncate + rewrite {rows}", total["sync"]))
+        return seg
+    seg.append(("sync", "MTP sync: truncate", total["sync"]))
+    rewrite = total["draft"] - u.draft_ms(steps)
+    if r > 0:     # paid at the next draft, in its chain's first pass (or an mtp_fill where k = 1)
+        seg.append(("draft", f"next draft: rewrite {rows}", rewrite))
     return seg
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..engine import Engine
-from .drafters import MTPArticleDrafter, RoundCtx
+from .drafters import MTPArticleDrafter, RoundCtx, draft_tokens
 from .inputs import check_size, check_tokens
 
 
@@ -24,10 +24,10 @@ def mtp_cursor_control(model, prompt, k: int = 3, include_mtp_cursor: bool = Tru
                    a_p=int(be.argmax(s.logits[P - 1])), emitted=0, P=P)
     eng.mark(include_mtp_cursor=include_mtp_cursor)
     c0 = eng.mtp_cursor
-    first = d.draft(eng, ctx, k, eng.mtp_cursor)
+    first = draft_tokens(d.draft(eng, ctx, k, eng.mtp_cursor))
     c1 = eng.mtp_cursor
     eng.rollback()
     c2 = eng.mtp_cursor
-    second = d.draft(eng, ctx, k, eng.mtp_cursor)
+    second = draft_tokens(d.draft(eng, ctx, k, eng.mtp_cursor))
     return {"include_mtp_cursor": include_mtp_cursor, "cursor_at_mark": c0, "cursor_after_draft": c1,
             "cursor_after_rollback": c2, "first": first, "second": second, "same": first == second}

@@ -3,8 +3,9 @@
     round = draft steps x c_draft + [mark] + verify(M=k) + [rollback | select] + [replay] + MTP sync + bookkeeping
 
 The policy prices its own phases (Policy.cost: mark, verify, rollback, replay); the pairing
-prices the draft (Pairing.mtp_steps MTP steps) and the sync (mtp_truncate, plus one batched
-mtp_fill of Pairing.rewrite_rows rows under the trained pairing). Tail tokens (strict, fewer
+prices the draft (Pairing.mtp_steps MTP steps) and the sync (mtp_truncate). Under the trained
+pairing the Pairing.rewrite_rows confirmed rows ride in the next chain's first pass: the draft
+phase pays what they add to it (UnitCosts.rewrite_ms; an mtp_fill when k = 1 leaves no chain). Tail tokens (strict, fewer
 than k left): step + argmax each. Greedy: step + argmax per token.
 
 predict() takes an n_ok histogram, a sequence, or a per-depth profile; predict_result() prices
@@ -72,7 +73,9 @@ def round_cost(u: UnitCosts, policy, pairing, k: int, n: int) -> dict:
         c["bookkeeping"] += u.argmax    # a_p' is not a verify row's argmax: one more argmax + read
     c["sync"] = u.truncate
     r = pairing.rewrite_rows(k, n)
-    if r > 0:
+    if r > 0 and u.chain_fill:      # the drafter writes them at its next draft (round.py, drafters.py)
+        c["draft"] += u.rewrite_ms(r, chained=pairing.mtp_steps(k) > 0)
+    elif r > 0:                     # unit costs measured when the sync wrote them
         c["sync"] += u.get("mtp", r)
     c.update(policy.cost(u, k, n))
     return c

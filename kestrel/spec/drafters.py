@@ -1,8 +1,9 @@
 """Drafters: who proposes d_1..d_k, and how each keeps the MTP slot.
 
 The MTP head has its own KV cache and cursor (an independent slot). At every round start it
-must hold rows [0, p) written and its cursor at p; the engine's contiguity rule on mtp_step
-catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
+must hold rows [0, p) written and its cursor at p, or (the 'mtp' drafter) rows [0, p - m)
+with the other m rows held by the drafter to write in its next chain's first pass; the engine's
+contiguity rule on mtp_step catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
 the prompt's hiddens, in one batched mtp_fill, and re-establishes the invariant after each
 round in `sync`. Only draft steps run the whole head (one mtp_draft chain a round): rows that are written but
 whose drafts nobody reads (the prompt's, a round's rewrite) go through mtp_fill, which writes
@@ -16,9 +17,13 @@ the same KV bits without the head's MLP, norm and lm_head.
   mtp       the pairing the MTP was trained for (Pairing.TRAINED): (x = t_{i+1}, h = h_i)
             predicts t_{i+2}. Rows pair (t_{i+1}, h_i). d_1 = argmax(logits_p) (free, always
             accepted); then mtp_step(q=p, x=d_1, h=h_p) -> d_2, chain: k-1 MTP steps, rows
-            p..p+k-2. Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1)
-            and rewrite rows up to p'-1 from the verified main hiddens in one batched mtp_fill
-            (k = 1 wrote no row in the round, so the rewrite starts at p).
+            p..p+k-2. Sync: row p = (d_1, h_p) is exact, keep it; truncate to min(cursor, p+1);
+            rows up to p'-1 must be rewritten from the verified main hiddens. They are written
+            by the next round's chain, in its first pass (mtp_draft's fill rows: one MTP pass of
+            m+1 rows costs about what one row does, where a separate mtp_fill is a pass of its
+            own). Until then they are the drafter's `pending_rows`: the MTP cursor is at p' minus
+            them. (k = 1 wrote no row in the round, so the rewrite starts at p; with no chain to
+            carry them, they go through mtp_fill at the next draft.)
   replay    an oracle forcing a given n_ok per round (a Schedule): it copies the greedy
             reference stream and corrupts draft n_ok+1, but still runs the real MTP steps of its
             pairing (like mtp-article or like mtp) so their cost is paid.
@@ -35,6 +40,7 @@ the drafter re-appends the round's confirmed rows at whatever the MTP cursor is.
 """
 from __future__ import annotations
 
+from ..draft import DraftFeed
 from .errors import SpecArgumentError
 from .pairing import Pairing
 from .schedule import Schedule
@@ -59,6 +65,11 @@ def _stack_rows(be, first, rows, n):
     return xp.concatenate([first.reshape(1, -1), rows[:n - 1]], axis=0)
 
 
+def draft_tokens(drafts) -> list:
+    """A round's drafts as ints: a list as it is, a DraftFeed read (after the verify, no wait)."""
+    return drafts.host() if isinstance(drafts, DraftFeed) else list(drafts)
+
+
 class Drafter:
     name = "drafter"
     pairing = Pairing.ARTICLE
@@ -66,6 +77,12 @@ class Drafter:
     def __init__(self):
         self.forced = None          # list of tokens replacing the MTP's argmax (replay oracle)
         self.q0 = None              # the MTP row the round's draft started at
+        self.fill = None            # (tokens, hidden rows) confirmed rows the next chain writes first
+
+    @property
+    def pending_rows(self) -> int:
+        """MTP rows up to p that are not written yet: the next draft's chain writes them first."""
+        return 0 if self.fill is None else len(self.fill[0])
 
     def describe(self) -> str:
         return self.name
@@ -82,32 +99,39 @@ class Drafter:
         """After prefill of `tokens` (positions 0..P-1, hiddens [P, D]): fill rows 0..P-2."""
         raise NotImplementedError
 
-    def draft(self, eng, ctx: RoundCtx, k: int, q0: int) -> list:
+    def draft(self, eng, ctx: RoundCtx, k: int, q0: int):
+        """d_1..d_k: a list of ints, or a DraftFeed whose drafted tokens are still on the device
+        (a verify takes it as it is; draft_tokens() reads it)."""
         raise NotImplementedError
 
     def sync(self, eng, ctx: RoundCtx, consumed: list, hid_rows, rolled_back: bool, trusting: bool):
-        """Re-establish the slot invariant: rows [0, p') written, cursor at p' (= p + len(consumed)).
-        hid_rows: [len(consumed), D] verified main hiddens of positions p+1..p'."""
+        """Re-establish the slot invariant: rows [0, p' - pending_rows) written, cursor there
+        (p' = p + len(consumed)). hid_rows: [len(consumed), D] verified main hiddens of
+        positions p+1..p'."""
         raise NotImplementedError
 
-    def _tok(self, j, d):
-        return d if self.forced is None else self.forced[j]
-
-    def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False) -> list:
+    def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False):
         """Drafts j = j0..k-1 by the MTP chain (one Engine.mtp_draft of k - j0 rows): row q reads
-        (x, h), each next row the draft before it and that row's h'. keep: record each row's
-        inputs (the article pairing re-appends them in the negative control)."""
+        (x, h), each next row the draft before it and that row's h'. The pending fill rows go
+        first, in the chain's first pass (or through mtp_fill when there is no chain). keep:
+        record the chain's inputs (the article pairing re-appends them in the negative control).
+        -> the drafts: a list when all are known to the host (forced, or no chain), else a
+        DraftFeed of `drafts` and the chain's tokens."""
         n = k - j0
+        fill, self.fill = self.fill, None
+        m = 0 if fill is None else len(fill[0])
         if n <= 0:
+            if fill is not None:
+                eng.mtp_fill(q - m, fill[0], fill[1])
             return drafts
         forced = None if self.forced is None else self.forced[j0:k]
-        d = eng.mtp_draft(q, x, h, n, forced=forced)
-        toks = d.tokens if forced is None else [int(t) for t in forced]
+        d = eng.mtp_draft(q - m, x, h, n, forced=forced, fill_tokens=None if fill is None else fill[0],
+                          fill_hidden=None if fill is None else fill[1])
         if keep:
-            self._x += [x] + toks[:n - 1]
-            self._h += [h] + [d.hidden[i] for i in range(n - 1)]
-        drafts += toks
-        return drafts
+            self._chain_in = (x, h, d, forced)
+        if forced is not None:
+            return drafts + [int(t) for t in forced]
+        return d.feed(drafts)
 
 
 class MTPArticleDrafter(Drafter):
@@ -115,11 +139,11 @@ class MTPArticleDrafter(Drafter):
 
     def start(self, eng, tokens, hidden):
         P = len(tokens)
+        self.fill = None
         if P >= 2:
             eng.mtp_fill(0, list(tokens[:P - 1]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
-        self._x, self._h = [], []
         self.q0 = q0
         return self._chain(eng, [], ctx.t_p, ctx.h_p, q0, 0, k, keep=True)
 
@@ -128,8 +152,11 @@ class MTPArticleDrafter(Drafter):
         if trusting and rolled_back:
             # trusts rollback() to have rewound the MTP cursor to the round's start: re-append
             # the confirmed rows (same inputs as drafted) at the cursor, no truncate
-            xp = self.be.xp
-            eng.mtp_fill(eng.mtp_cursor, self._x[:adv], xp.stack(self._h[:adv]))
+            x, h, d, forced = self._chain_in
+            fed = d.tokens if forced is None else [int(t) for t in forced]
+            xs = [x] + fed[:adv - 1]
+            hs = self.be.xp.stack([h] + [d.hidden[i] for i in range(adv - 1)])
+            eng.mtp_fill(eng.mtp_cursor, xs, hs)
         else:
             eng.mtp_truncate(self.q0 + adv)
 
@@ -148,16 +175,16 @@ class MTPDrafter(Drafter):
 
     def start(self, eng, tokens, hidden):
         P = len(tokens)
+        self.fill = None
         if P >= 2:
             eng.mtp_fill(0, list(tokens[1:P]), hidden[:P - 1])
 
     def draft(self, eng, ctx, k, q0):
-        d1 = self._tok(0, ctx.a_p)
-        drafts = [d1]
+        d1 = self.forced[0] if self.forced is not None else ctx.a_p
         x = ctx.t_p if self.feed == "article-pairing" else d1
         h = ctx.h_prev if self.feed == "stale-hidden" else ctx.h_p
         self.q0 = q0
-        return self._chain(eng, drafts, x, h, q0, 1, k)
+        return self._chain(eng, [d1], x, h, q0, 1, k)
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
         adv = len(consumed)
@@ -170,8 +197,11 @@ class MTPDrafter(Drafter):
         eng.mtp_truncate(c)
         i = c - base
         if i < adv:
-            rows = _stack_rows(self.be, ctx.h_p, hid_rows, adv)
-            eng.mtp_fill(c, list(consumed[i:adv]), rows[i:adv])
+            rows = _stack_rows(self.be, ctx.h_p, hid_rows, adv)[i:adv]
+            if trusting:        # the negative control drafts at the engine's cursor: write them now
+                eng.mtp_fill(c, list(consumed[i:adv]), rows)
+            else:               # the next chain writes them in its first pass
+                self.fill = (list(consumed[i:adv]), rows)
 
 
 class ReplayDrafter(Drafter):
@@ -198,6 +228,10 @@ class ReplayDrafter(Drafter):
 
     def reset(self):
         self.schedule.reset()
+
+    @property
+    def pending_rows(self) -> int:
+        return self.base.pending_rows
 
     def start(self, eng, tokens, hidden):
         self.base.start(eng, tokens, hidden)

@@ -2,10 +2,12 @@
 
 Invariant at a round start: the main model has consumed through position p (its cursor is
 p+1); h_p and logits_p are at hand (a_p = argmax(logits_p) is the token at p+1); the MTP
-cursor is at p with rows [0, p) written.
+cursor plus the rows the drafter holds for its next chain (Drafter.pending_rows) is p, and
+every row below the cursor is written.
 
-  1. draft        d_1..d_k (the drafter)
-  2. verify       the policy's snapshot (mark() or nothing), then its verify of [d_1..d_k] at p+1
+  1. draft        d_1..d_k (the drafter); the drafted tokens may stay on the device
+  2. verify       the policy's snapshot (mark() or nothing), then its verify of [d_1..d_k] at p+1,
+                  fed device to device; the host reads the drafts with the verify rows' argmax
   3. accept       n_ok = 1 if a_p == d_1 else 0; while n_ok < k and argmax(row n_ok-1) == d_{n_ok+1}:
                   n_ok += 1  (n_ok >= 1 is checked before row n_ok-1 is read)
   4. emit         n_ok >= 1: d_1..d_{n_ok};  n_ok == 0: a_p.  Never the self token argmax(row n_ok-1):
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .drafters import Drafter, RoundCtx
+from ..draft import DraftFeed
+from .drafters import Drafter, RoundCtx, draft_tokens
 from .errors import InvariantError
 from .policy import Policy
 from .records import RoundRecord
@@ -113,7 +116,8 @@ class SpecRun:
         drafts = self.d.draft(eng, ctx, k, q0)
         lap("draft")
         if wrong.double_consume:      # the article's first verify: position p once more
-            vpos, vtoks = p, [ctx.t_p] + drafts[:k - 1]
+            vpos = p
+            vtoks = drafts.after(ctx.t_p) if isinstance(drafts, DraftFeed) else [ctx.t_p] + drafts[:k - 1]
         else:
             vpos, vtoks = p + 1, drafts
         if not wrong.mark_first and policy.snapshot(eng, wrong.mark_mtp_cursor):
@@ -122,6 +126,7 @@ class SpecRun:
         lap("verify")
 
         rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
+        drafts = draft_tokens(drafts)        # still on the device until now: read after the same wait
         n_ok = 1 if ctx.a_p == drafts[0] else 0
         while n_ok >= 1 and n_ok < k and rows[n_ok - 1] == drafts[n_ok]:
             n_ok += 1
@@ -190,8 +195,10 @@ class SpecRun:
             raise InvariantError(f"round {len(self.records)}: main cursor {eng.cursor} != p+1 = {ctx.p + 1}")
         if eng.pending is not None:
             raise InvariantError(f"round {len(self.records)}: a checkpointed verify is still pending")
-        if not self.mistakes.mark_first and eng.mtp_cursor != ctx.p:
-            raise InvariantError(f"round {len(self.records)}: MTP cursor {eng.mtp_cursor} != p = {ctx.p}")
+        held = self.d.pending_rows      # confirmed rows the drafter's next chain writes first
+        if not self.mistakes.mark_first and eng.mtp_cursor + held != ctx.p:
+            raise InvariantError(f"round {len(self.records)}: MTP cursor {eng.mtp_cursor} + {held} rows the drafter "
+                                 f"holds != p = {ctx.p}")
 
     def _check_rows(self, s, hid, lgs, n_ok):
         be = self.be

@@ -34,10 +34,14 @@ class UnitCosts:
                                 # without meta["bookkeeping_unit"]: also argmax(logits_p') every round)
     chain: dict = field(default_factory=dict)    # one mtp_draft chain of n rows, n = 1..k_max (its fixed
                                                  # cost, one read and one check, is paid once a chain)
+    chain_fill: dict = field(default_factory=dict)   # one mtp_draft of 1 row that writes m fill rows first,
+                                                     # m = 1..k_max-1 (the trained pairing's rewrite rides
+                                                     # in the next chain's first pass; results without
+                                                     # this table priced it as an mtp_fill in the sync)
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("step_m", "ckpt", "mtp", "cached", "fold", "chain"):
+        for name in ("step_m", "ckpt", "mtp", "cached", "fold", "chain", "chain_fill"):
             setattr(self, name, {int(m): float(v) for m, v in getattr(self, name).items()})
 
     def get(self, table: str, m: int) -> float:
@@ -56,6 +60,16 @@ class UnitCosts:
         if n <= 0:
             return 0.0
         return self.chain[n] if n in self.chain else n * self.draft
+
+    def rewrite_ms(self, rows: int, chained: bool) -> float:
+        """ms the trained pairing's rewrite of `rows` MTP rows adds: in the next chain's first pass
+        (chain_fill[rows] - chain[1]) when there is a chain and the table was measured, else one
+        mtp_fill of that many rows."""
+        if rows <= 0:
+            return 0.0
+        if chained and self.chain_fill:
+            return self.get("chain_fill", rows) - self.draft_ms(1)
+        return self.get("mtp", rows)
 
     def covered_ks(self, ks=K_VALUES) -> list:
         """The k for which every table entry a round needs was measured."""
@@ -89,6 +103,7 @@ def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None =
         d["draft"] = draft
         d["mtp"] = {m: v * f for m, v in u.mtp.items()}
         d["chain"] = {n: v * f for n, v in u.chain.items()}
+        d["chain_fill"] = {n: v * f for n, v in u.chain_fill.items()}
     if mark is not None:
         d["mark"] = mark
     if rollback is not None:
@@ -186,6 +201,11 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
         eng.mtp_draft(base, t1, h1, n)
     u["chain"] = {n: _median_ms(be, lambda n=n: chain(n), reps, warmup) for n in range(1, k_max + 1)}
     u["draft"] = u["chain"][k_max] / k_max
+
+    def chain_fill(m):
+        eng.mtp_truncate(base)
+        eng.mtp_draft(base, t1, h1, 1, fill_tokens=toks[:m], fill_hidden=H[:m])
+    u["chain_fill"] = {m: _median_ms(be, lambda m=m: chain_fill(m), reps, warmup) for m in range(1, k_max)}
     eng.mtp_truncate(base)
 
     def mtp(m):
@@ -200,7 +220,8 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     meta = {"model": cfg.name, "device": getattr(be, "device_name", be.name), "ctx": ctx, "reps": reps,
             "k_max": k_max, "gdn_state_bytes": cfg.gdn_state_bytes + cfg.conv_state_bytes,
             "mtp_table": "mtp_fill",       # what the mtp table timed (results without this key: mtp_step)
-            "draft_unit": f"mtp_draft chain of {k_max} / {k_max}",   # (without this key: mtp_step + argmax + read)
+            "draft_unit": f"mtp_draft chain of {k_max} / {k_max}, tokens left on the device",   # (without this key:
+                                                                           # mtp_step + argmax + read)
             # (without this key: bookkeeping also held the argmax of a_p', in every round)
             "bookkeeping_unit": "the verify rows' argmax + read; a_p' priced as argmax where it is not a verify row"}
     return UnitCosts(meta=meta, **u)
