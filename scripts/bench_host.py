@@ -18,8 +18,9 @@ random weights, or the embedded model), medians of --reps:
     mtp_fill(k) after a read  the same call issued right after a read, as the round issues it
     step back to back / greedy step   the main model's step, and step + argmax + read
     verify_checkpointed(k) after ...  the verify alone (events around the call), after another
-                              verify, after a select that moves the slot and cursor, and after a
-                              draft chain and its read (as a round issues it)
+                              verify, after a select that moves the slot and cursor, after a
+                              draft chain and its read (as a round issued it), and fed the chain's
+                              tokens device to device, unread (as a round issues it now)
   with the host clock only (time.perf_counter, the device idle first), ms of Python per call
     mtp_step call             the whole entry, up to its return (launches issued, not finished)
     hidden check              kestrel.inputs.hidden_rows on the previous step's hidden (the
@@ -108,7 +109,7 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
 
     def chain():
         eng.mtp_truncate(base)
-        eng.mtp_draft(base, t, h, k)
+        return eng.mtp_draft(base, t, h, k).tokens       # the chain and its read
 
     def fill():
         eng.mtp_truncate(base)
@@ -142,12 +143,12 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     # the live slot and the cursor (as a round leaves it), and a draft chain and its read
     vt = toks[:k]
 
-    def verify_after(before, n_sel):
+    def verify_after(before, n_sel, fed=False):
         out = []
         for _ in range(reps * n + 1):
-            before()
+            d = before()
             a = be.now()
-            eng.verify_checkpointed(eng.cursor, vt)
+            eng.verify_checkpointed(eng.cursor, d.feed() if fed else vt)
             b = be.now()
             eng.select_checkpoint(n_sel)
             out.append(be.elapsed_ms(a, b))
@@ -155,6 +156,11 @@ def measure(model, k: int, reps: int, n: int, top: int) -> dict:
     rows[f"verify_checkpointed({k}) after a verify"] = verify_after(lambda: None, 0)
     rows[f"verify_checkpointed({k}) after select({k})"] = verify_after(lambda: None, k)
     rows[f"verify_checkpointed({k}) after a draft chain and its read"] = verify_after(chain, 0)
+
+    def chain_unread():
+        eng.mtp_truncate(base)
+        return eng.mtp_draft(base, t, h, k)
+    rows[f"verify_checkpointed({k}) fed a draft chain's tokens on the device"] = verify_after(chain_unread, 0, fed=True)
     eng.mtp_truncate(base)
     xp = be.xp
     host = {
