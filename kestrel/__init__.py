@@ -11,7 +11,8 @@ from pathlib import Path
 
 from .backend import get_backend
 from .config import PRESETS, Config, from_hf, preset
-from .engine import Draft, Engine, Step, generate
+from .draft import Draft, DraftFeed
+from .engine import Engine, Step, generate
 from .errors import (BatchWidthError, CheckpointError, ConfigError, CursorError, DeviceError, KestrelError,
                      SnapshotError, TokenError)
 from .model import Model
@@ -21,7 +22,7 @@ from .weights import load_dir, random_weights
 ASSETS = Path(__file__).resolve().parent / "assets"
 WEIGHT_DTYPES = ("fp32", "bf16")
 
-__all__ = ["load", "Engine", "Step", "Draft", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
+__all__ = ["load", "Engine", "Step", "Draft", "DraftFeed", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
            "KestrelError", "CursorError", "BatchWidthError", "SnapshotError", "TokenError", "DeviceError",
            "CheckpointError", "ConfigError", "ByteTokenizer", "from_hf", "starts"]
 

@@ -6,22 +6,27 @@ host work that follows it, once a round. So `Engine.mtp_draft` returns a Draft w
 where the chain left them (on the device under CUDA), and a verify takes a DraftFeed: a few
 tokens the host already knows (the free d_1 of the trained pairing) followed by the first n
 tokens of a Draft. The CUDA backend copies those into the verify's control block on the device;
-the host reads the drafts after the verify, together with the verify rows' argmax (one wait a
-round). On the CPU backend the tokens are host arrays from the start and nothing changes.
+the host reads the drafts after the verify, right after the verify rows' argmax (the round waits
+for the device once there, and once before the chain, where mtp_draft checks its hidden rows).
+On the CPU backend the tokens are host arrays from the start and nothing changes.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from .errors import TokenError
+
 
 class Draft:
-    """mtp_draft's result: the k rows' tokens (each row's argmax, or the forced ones) and the
-    rows' h' [k, D] (after mtp.norm, on the backend). `tokens` reads the tokens to the host on
-    first use (a wait for the chain under CUDA) and keeps them."""
+    """mtp_draft's result: the k rows' argmax tokens (the MTP head's drafts; with forced tokens
+    the chain is fed those, but each row's argmax is still what it drafted) and the rows' h'
+    [k, D] (after mtp.norm, on the backend). `tokens` reads the tokens to the host on first use (a
+    wait for the chain under CUDA) and keeps them."""
 
     def __init__(self, tokens, hidden, owner=None):
         self.hidden = hidden
-        self.owner = owner                 # the Engine that drafted (None: built by hand, tokens given)
+        self.owner = owner                 # the Engine whose backend holds the tokens (None: host tokens)
+        self.chained_by = None             # set by Engine.mtp_draft: the engine whose chain wrote them
         if isinstance(tokens, (list, tuple)):
             self._dev, self._host = None, [int(t) for t in tokens]
         else:
@@ -45,7 +50,7 @@ class Draft:
 
     def feed(self, head=(), n: int | None = None) -> "DraftFeed":
         """Verify tokens: `head` (ints the host knows), then this draft's first n tokens (all)."""
-        return DraftFeed(tuple(int(t) for t in head), self, len(self) if n is None else int(n))
+        return DraftFeed(tuple(head), self, len(self) if n is None else int(n))     # ids checked by the verify
 
     def __repr__(self) -> str:
         toks = self._host if self._host is not None else "on the device"
@@ -58,7 +63,7 @@ class DraftFeed:
 
     def __init__(self, head: tuple, draft: Draft, n: int):
         if not 0 <= n <= len(draft):
-            raise ValueError(f"DraftFeed: n={n} outside [0, {len(draft)}] (the draft's tokens)")
+            raise TokenError(f"DraftFeed: n={n} outside [0, {len(draft)}] (the draft's tokens)")
         self.head, self.draft, self.n = head, draft, n
 
     def __len__(self) -> int:

@@ -112,12 +112,24 @@ class Engine:
         return d
 
     # ---- validation (no state touched) ----------------------------------------------------
-    def _tokens(self, tokens, what: str):
-        """Token ids -> an int64 array; a DraftFeed (kestrel/draft.py) of this engine's own draft
-        stays as it is (its drafted tokens are argmax rows or forced tokens checked by mtp_draft)."""
+    def _tokens(self, tokens, what: str, feed: bool = False):
+        """Token ids -> an int64 array. feed=True (the batch entries: step_m and the verifies) also
+        takes a DraftFeed (kestrel/draft.py): its head is checked like any ids; its drafted tokens
+        are trusted only when they are still the ones this engine's mtp_draft left on the device
+        (argmax rows, in range by construction); a Draft built from a list is checked as a list."""
         if isinstance(tokens, DraftFeed):
-            if tokens.draft.owner is not self:
+            if not feed:
+                raise TokenError(f"{what}: takes token ids, not a DraftFeed (only step_m and the verifies take one)")
+            if len(tokens) == 0:
+                raise TokenError(f"{what}: tokens must be a non-empty 1-D sequence of ints (an empty DraftFeed)")
+            if tokens.head:
+                inputs.token_ids(list(tokens.head), self.cfg.vocab_size, what)
+            d = tokens.draft
+            if d.device_tokens is not None and d.chained_by is self:
+                return tokens
+            if d.device_tokens is not None:
                 raise TokenError(f"{what}: this DraftFeed's draft was not made by this engine's mtp_draft")
+            inputs.token_ids(tokens.host(), self.cfg.vocab_size, what)
             return tokens
         return inputs.token_ids(tokens, self.cfg.vocab_size, what)
 
@@ -174,7 +186,7 @@ class Engine:
 
     def _batch(self, pos, tokens, what: str) -> np.ndarray:
         """Validate an M-row call at `pos` (tokens, width, no pending verify, contiguity)."""
-        toks = self._tokens(tokens, what)
+        toks = self._tokens(tokens, what, feed=True)
         self._check_width(len(toks), what)
         self._no_pending(what)
         self._check_pos(pos, len(toks), self.pos, what)
@@ -293,7 +305,9 @@ class Engine:
         t, h = self.model.mtp_draft(int(toks[0]), self.be.asarray(hid).reshape(1, D), pos, k, self.state,
                                     forced, fill)
         self.mtp_len = pos + m + k
-        return Draft(t, h, owner=self)
+        d = Draft(t, h, owner=self)
+        d.chained_by = self          # its device tokens are this engine's argmax rows: a verify may trust them
+        return d
 
     def mtp_fill(self, pos, token, hidden) -> None:
         """Write the MTP head's KV rows pos..pos+M-1 (pos == MTP cursor) bit for bit as mtp_step

@@ -180,8 +180,9 @@ def mtp_fill_program(cfg: Config) -> Program | None:
     """The MTP program cut after its attention op: it writes the head's K/V rows (the only state
     the head has) with the very ops, in the very order, of a full MTP pass, so the rows hold the
     same bits, and skips the o_proj, the MLP, the norm and the lm_head, which at the 27B shape
-    are most of an MTP step's weight bytes. The drafters keep the MTP slot with it (the prompt
-    fill, the trained pairing's rewrite after a round), where nobody reads the head's logits.
+    are most of an MTP step's weight bytes. The drafters keep the MTP slot with it where nobody
+    reads the head's logits: the prompt's rows, and the trained pairing's rewrite when no draft
+    chain follows to carry it (k = 1, the negative control).
     The attention's output is still computed and dropped: one small launch, where a KV-only op
     would be a new op kind on both backends."""
     mtp = mtp_program(cfg)

@@ -159,7 +159,7 @@ def markdown(d) -> str:
           "cost model priced with unit costs measured on the same model and device, for the run's own rounds.",
           "Phases per token: draft, mark, verify, rollback (checkpoint: select), replay (or the n_ok=0 step),",
           "sync (the drafter's MTP slot), bookkeeping (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
-    if "chain_fill" in json.dumps(d):
+    if any((sec or {}).get("units", {}).get("chain_fill") for sec in (d.get("tiny"), d.get("large"))):
         L[-1:] = ["The trained pairing's rewrite of the MTP rows a round confirmed rides in the next round's draft chain",
                   "(its first pass), so it is paid in the draft phase; sync is the truncate alone.", ""]
     a = d.get("tiny")

@@ -46,6 +46,18 @@ def other_draft(e, rng):
     return o.mtp_draft(0, 1, hidden(e, rng), 2)
 
 
+def own_draft(e, rng):
+    """A Draft owned by `e` built from two in-range tokens (read from another engine's draft):
+    a verify checks its tokens as a list, and the feed's head like any ids."""
+    o = other_draft(e, rng)
+    return kestrel.Draft(o.tokens, o.hidden, owner=e)
+
+
+def with_own_draft(e):
+    """Setup: e drafts two MTP rows itself (kept as e.test_draft), before the state is recorded."""
+    e.test_draft = e.mtp_draft(6, 1, np.random.default_rng(3).standard_normal(e.cfg.hidden_size).astype(np.float32), 2)
+
+
 def hidden(e, rng, *shape):
     return rng.standard_normal(shape or (e.cfg.hidden_size,)).astype(np.float32)
 
@@ -109,6 +121,26 @@ CASES = [
      kestrel.CursorError, r"mtp_draft: positions 6\.\.24 exceed max_seq=24"),
     ("verify fed another engine's draft", None, lambda e, V, rng: e.verify_checkpointed(9, other_draft(e, rng).feed([1])),
      kestrel.TokenError, "not made by this engine"),
+    ("verify fed a draft feed with a token out of range", None,
+     lambda e, V, rng: e.verify_checkpointed(9, own_draft(e, rng).feed([V])), kestrel.TokenError, "out of range"),
+    ("verify fed a draft feed with a negative token", None,
+     lambda e, V, rng: e.step_m(9, own_draft(e, rng).feed([-1])), kestrel.TokenError, "out of range"),
+    ("verify fed a draft feed with a bool", None,
+     lambda e, V, rng: e.verify_cached(9, own_draft(e, rng).feed([True])), kestrel.TokenError, "bool"),
+    ("verify fed a hand-built draft out of range", None,
+     lambda e, V, rng: e.verify_checkpointed(9, kestrel.Draft([1, V + 5], None, owner=e).feed()),
+     kestrel.TokenError, "out of range"),
+    ("verify fed the engine's own draft after a token out of range", with_own_draft,
+     lambda e, V, rng: e.verify_checkpointed(9, e.test_draft.feed([V])), kestrel.TokenError, "out of range"),
+    ("verify fed an empty draft feed", None, lambda e, V, rng: e.step_m(9, own_draft(e, rng).feed([], n=0)),
+     kestrel.TokenError, "empty DraftFeed"),
+    ("step fed a draft feed", None, lambda e, V, rng: e.step(9, own_draft(e, rng).feed(n=1)),
+     kestrel.TokenError, "not a DraftFeed"),
+    ("mtp_draft forced as a draft feed", None,
+     lambda e, V, rng: e.mtp_draft(6, 1, hidden(e, rng), 2, forced=other_draft(e, rng).feed()),
+     kestrel.TokenError, "not a DraftFeed"),
+    ("a draft feed of more tokens than its draft", None, lambda e, V, rng: own_draft(e, rng).feed(n=3),
+     kestrel.TokenError, r"n=3 outside \[0, 2\]"),
     ("truncate past the rows written", None, lambda e, V, rng: e.mtp_truncate(7), kestrel.CursorError, r"\[0, 6\]"),
     ("truncate negative", None, lambda e, V, rng: e.mtp_truncate(-1), kestrel.CursorError, "mtp_truncate"),
     ("select without verify", None, lambda e, V, rng: e.select_checkpoint(1), kestrel.SnapshotError, "no checkpointed"),

@@ -237,9 +237,11 @@ def test_wrong_mtp_inputs_stay_bit_exact(model, starts, refs, mtp_runs, feed):
 
 @pytest.mark.parametrize("drafter", ["mtp-article", "mtp"])
 def test_mtp_fill_keeps_every_draft(model, starts, refs, drafter, monkeypatch):
-    """The drafters keep the MTP slot with mtp_fill (no MLP, norm or head); a run whose every
-    fill is a whole mtp_step has the same drafts, n_ok and stream, round by round, in the
-    standard round and in the negative control's (which re-appends rows after a rollback)."""
+    """The drafters write the prompt's MTP rows with mtp_fill (no MLP, norm or head), and the
+    negative control's re-appended rows after a rollback (the standard round's rewrite rides in
+    the next chain: test_draft_chain_drafts_as_mtp_steps_did checks it against a separate fill);
+    a run whose every fill is a whole mtp_step has the same drafts, n_ok and stream, round by
+    round."""
     variants = [spec.Mistakes(), spec.Mistakes(mark_first=True)]
     lean = [spec.run_spec(model, starts[i], T, 3, "replay", drafter, reference=refs[i], greedy=False, mistakes=w)
             for i in (0, 3) for w in variants]
@@ -638,3 +640,29 @@ def test_trained_drafter_holds_the_rewrite_rows_for_its_next_chain(model, starts
     assert any(h for _, _, h in held), "no round left rows to rewrite"
     chainless = sum(1 for (_, _, h), (k2, _, _) in zip(held, held[1:]) if h and k2 == 1)  # no chain: an mtp_fill
     assert len(calls) == 1 + chainless and calls[0] == 0, calls
+
+
+def test_drafter_keeps_its_held_rows_when_the_chain_raises(model, rng):
+    """The trained-pairing drafter lets go of the rows it holds only once the engine call that
+    writes them returns: a chain the engine refuses (past max_seq) leaves them held and the engine
+    unchanged, and the next valid draft writes them first."""
+    from kestrel.spec.drafters import RoundCtx
+    V = model.cfg.vocab_size
+    prompt = [int(t) for t in rng.integers(0, V, 5)]
+    eng = kestrel.Engine(model, max_seq=16, mmax=3)
+    s = eng.prefill(prompt)
+    d = spec.make_drafter("mtp")
+    d.bind(model, None)
+    d.start(eng, prompt, s.hidden)                       # MTP rows 0..3, cursor 4
+    d.fill = ([int(rng.integers(0, V))], s.hidden[3:4])  # row 4 held; the chain starts at p = 5
+    ctx = RoundCtx(p=5, t_p=prompt[-1], h_p=s.hidden[4], h_prev=s.hidden[3], a_p=int(rng.integers(0, V)),
+                   emitted=0, P=5)
+    before = eng.snapshot_state()
+    with pytest.raises(kestrel.CursorError, match="exceed max_seq"):
+        d.draft(eng, ctx, 40, 5)
+    assert d.pending_rows == 1
+    after = eng.snapshot_state()
+    assert all(np.array_equal(before[k], after[k]) if isinstance(before[k], np.ndarray) else before[k] == after[k]
+               for k in before)
+    d.draft(eng, ctx, 3, 5)
+    assert d.pending_rows == 0 and eng.mtp_cursor == 5 + 2

@@ -45,8 +45,9 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     overwritten by the next append. The MTP cursor starts at p (mtp_cursor=None) and, after the
     draft and the sync, ends at p + max(n_ok, 1) under the article pairing. Under the trained
     pairing the sync keeps row p and leaves the rows up to p + n_ok - 1 to the next chain (its
-    first pass rewrites them from the verified hiddens): the cursor ends at p + 1, and the next
-    round starts with mtp_cursor = p' - (n_ok - 1). pairing as in round_timeline."""
+    first pass rewrites them from the verified hiddens): the cursor ends at p + 1 (at p when
+    k = 1: no chain row was written, all n_ok rows are left), and the next round starts with the
+    MTP cursor that far below p'. pairing as in round_timeline."""
     pr = _pairing(pairing)
     pos = _int(pos, "pos", 1, 100000)
     k = _int(k, "k", 1, K_MAX)

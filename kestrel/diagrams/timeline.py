@@ -76,6 +76,8 @@ def _check_priced(policy, u, k: int, measured: bool):
             u.get("step_m", m)
         policy.cost(u, k, 0)
         u.get("mtp", max(k - 1, 1))
+        if u.chain_fill and k >= 2:        # the trained pairing's rewrite of up to k - 1 rows, in the chain
+            u.get("chain_fill", k - 1)
     except SpecArgumentError as e:
         raise DiagramError(f"unit costs cannot price k={k}{'' if measured else ' (schematic)'}: {e}") from None
 

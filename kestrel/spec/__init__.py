@@ -27,7 +27,8 @@ from .accept import Acceptance, combine, implied_nok, teacher_forced
 from .baseline import greedy_timed, reference_stream
 from .control import mtp_cursor_control
 from .cost import Prediction, compare, equivalent_alpha, mean_nok, predict, predict_result, round_cost
-from .drafters import DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, ReplayDrafter, make_drafter
+from .drafters import (DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, ReplayDrafter, draft_tokens,
+                       make_drafter)
 from .driver import RunArgs, default_starts, run_spec, validate_run
 from .errors import InvariantError, ScheduleError, SpecArgumentError
 from .pairing import PAIRING_DOC, PAIRINGS, Pairing
@@ -54,7 +55,7 @@ __all__ = [
     # errors
     "SpecArgumentError", "ScheduleError", "InvariantError",
     # drafters and schedules
-    "make_drafter", "Drafter", "MTPArticleDrafter", "MTPDrafter", "ReplayDrafter", "DRAFTERS", "FEEDS", "Schedule",
+    "make_drafter", "draft_tokens", "Drafter", "MTPArticleDrafter", "MTPDrafter", "ReplayDrafter", "DRAFTERS", "FEEDS", "Schedule",
     "ARTICLE_HIST", "E16_PROFILE", "parse_hist", "check_hist", "format_hist", "hist_to_sequence", "check_sequence",
     "parse_profile", "check_profile", "nok_distribution",
     # summaries

@@ -5,7 +5,10 @@
 The policy prices its own phases (Policy.cost: mark, verify, rollback, replay); the pairing
 prices the draft (Pairing.mtp_steps MTP steps) and the sync (mtp_truncate). Under the trained
 pairing the Pairing.rewrite_rows confirmed rows ride in the next chain's first pass: the draft
-phase pays what they add to it (UnitCosts.rewrite_ms; an mtp_fill when k = 1 leaves no chain). Tail tokens (strict, fewer
+phase pays what they add to it (UnitCosts.rewrite_ms; an mtp_fill when k = 1 leaves no chain).
+The rewrite is priced in the round that leaves it, with that round's k; the next round pays it
+(the last round's is never paid, and a shrinking tail can pay it by mtp_fill): a run is priced
+high by about one rewrite. Tail tokens (strict, fewer
 than k left): step + argmax each. Greedy: step + argmax per token.
 
 predict() takes an n_ok histogram, a sequence, or a per-depth profile; predict_result() prices

@@ -3,11 +3,13 @@
 The MTP head has its own KV cache and cursor (an independent slot). At every round start it
 must hold rows [0, p) written and its cursor at p, or (the 'mtp' drafter) rows [0, p - m)
 with the other m rows held by the drafter to write in its next chain's first pass; the engine's
-contiguity rule on mtp_step catches a drafter that gets this wrong. Each drafter fills rows 0..p-1 after prefill, from
-the prompt's hiddens, in one batched mtp_fill, and re-establishes the invariant after each
-round in `sync`. Only draft steps run the whole head (one mtp_draft chain a round): rows that are written but
-whose drafts nobody reads (the prompt's, a round's rewrite) go through mtp_fill, which writes
-the same KV bits without the head's MLP, norm and lm_head.
+contiguity rule on mtp_step catches a drafter that gets this wrong. Each drafter fills rows
+0..p-1 after prefill, from the prompt's hiddens, in one batched mtp_fill, and re-establishes the
+invariant after each round in `sync`. Only draft steps run the whole head (one mtp_draft chain a
+round): the prompt's rows, whose drafts nobody reads, go through mtp_fill, which writes the same
+KV bits without the head's MLP, norm and lm_head; a round's rewrite (trained pairing) rides in
+the next chain's first pass, or goes through mtp_fill where there is no chain (k = 1) or in the
+negative control.
 
   mtp-article  the article's pairing (Pairing.ARTICLE). Rows pair (t_i, h_i). Draft:
             mtp_step(q=p, x=t_p, h=h_p) -> d_1, then chain x = d_j, h = the previous MTP output,
@@ -82,7 +84,8 @@ class Drafter:
     @property
     def pending_rows(self) -> int:
         """MTP rows up to p that are not written yet: the next draft's chain writes them first."""
-        return 0 if self.fill is None else len(self.fill[0])
+        fill = getattr(self, "fill", None)          # a subclass that skipped __init__ holds none
+        return 0 if fill is None else len(fill[0])
 
     def describe(self) -> str:
         return self.name
@@ -118,15 +121,17 @@ class Drafter:
         -> the drafts: a list when all are known to the host (forced, or no chain), else a
         DraftFeed of `drafts` and the chain's tokens."""
         n = k - j0
-        fill, self.fill = self.fill, None
+        fill = self.fill
         m = 0 if fill is None else len(fill[0])
         if n <= 0:
             if fill is not None:
                 eng.mtp_fill(q - m, fill[0], fill[1])
+            self.fill = None                # written (a call that raised left them held)
             return drafts
         forced = None if self.forced is None else self.forced[j0:k]
         d = eng.mtp_draft(q - m, x, h, n, forced=forced, fill_tokens=None if fill is None else fill[0],
                           fill_hidden=None if fill is None else fill[1])
+        self.fill = None
         if keep:
             self._chain_in = (x, h, d, forced)
         if forced is not None:

@@ -39,8 +39,9 @@ class Pairing(enum.Enum):
         return k - self.offset
 
     def rewrite_rows(self, k: int, n_ok: int) -> int:
-        """MTP rows the drafter rewrites in its sync after a round (TRAINED: the rows past the
-        first draft step's exact one; with k = 1 no draft step wrote a row, so all of them)."""
+        """MTP rows the drafter must rewrite after a round (TRAINED: the rows past the first draft
+        step's exact one; with k = 1 no draft step wrote a row, so all of them). It writes them at
+        its next draft: in the chain's first pass, or by mtp_fill when there is no chain."""
         if self is Pairing.ARTICLE:
             return 0
         return n_ok - 1 if k >= 2 else n_ok

@@ -50,7 +50,8 @@ class Policy:
         """Before the verify: take what finalise will need to undo it. True if it did anything."""
         return False
 
-    def verify(self, eng, pos: int, drafts: list):
+    def verify(self, eng, pos: int, drafts):
+        """Verify the drafts (a list of ints, or a DraftFeed still on the device) at pos."""
         raise NotImplementedError
 
     def finalise(self, eng, s, p: int, consumed: list, n_ok: int, k: int, lap) -> Finalised:

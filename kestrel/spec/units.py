@@ -67,8 +67,8 @@ class UnitCosts:
         mtp_fill of that many rows."""
         if rows <= 0:
             return 0.0
-        if chained and self.chain_fill:
-            return self.get("chain_fill", rows) - self.draft_ms(1)
+        if chained and self.chain_fill:     # a difference of two medians: noise can make it negative
+            return max(self.get("chain_fill", rows) - self.draft_ms(1), 0.0)
         return self.get("mtp", rows)
 
     def covered_ks(self, ks=K_VALUES) -> list:
