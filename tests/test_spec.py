@@ -183,6 +183,22 @@ def test_double_consumption_raises(model, starts, refs, policy):
                       mistakes=spec.Mistakes(double_consume=True))
 
 
+def test_draft_feed_after_shifts_by_one_place(model, rng):
+    """DraftFeed.after(t), the double-consumption verify's tokens: [t] + the feed without its
+    last token, with a host head (the trained pairing's d1) or without, down to a feed of heads."""
+    V, D = model.cfg.vocab_size, model.cfg.hidden_size
+    e = kestrel.Engine(model, max_seq=16, mmax=4)
+    e.prefill([int(t) for t in rng.integers(0, V, 3)])
+    d = e.mtp_draft(0, int(rng.integers(0, V)), rng.standard_normal(D).astype(np.float32), 3)
+    t, d1 = (int(x) for x in rng.integers(0, V, 2))
+    for feed in (d.feed(), d.feed([d1], n=2), d.feed([d1], n=0)):
+        moved = feed.after(t)
+        assert len(moved) == len(feed) and moved.host() == ([t] + feed.host())[:len(feed)]
+    with pytest.raises(CursorError, match="double consumption"):
+        spec.run_spec(model, [int(x) for x in rng.integers(0, V, 6)], 8, 3, "checkpoint", "mtp", greedy=False,
+                      mistakes=spec.Mistakes(double_consume=True))
+
+
 @pytest.mark.parametrize("drafter", ["mtp-article", "mtp"])
 def test_negative_control_mtp_cursor_left_out_of_the_snapshot(model, starts, refs, drafter):
     """mark() before the draft and a driver that trusts rollback() to rewind the MTP slot: with
