@@ -122,14 +122,14 @@ class Engine:
                 raise TokenError(f"{what}: takes token ids, not a DraftFeed (only step_m and the verifies take one)")
             if len(tokens) == 0:
                 raise TokenError(f"{what}: tokens must be a non-empty 1-D sequence of ints (an empty DraftFeed)")
+            d = tokens.draft
+            if d.device_tokens is None:                  # built from a list: all of it checked as ids
+                inputs.token_ids(tokens.host(), self.cfg.vocab_size, what)
+                return tokens
+            if d.chained_by is not self:
+                raise TokenError(f"{what}: this DraftFeed's draft was not made by this engine's mtp_draft")
             if tokens.head:
                 inputs.token_ids(list(tokens.head), self.cfg.vocab_size, what)
-            d = tokens.draft
-            if d.device_tokens is not None and d.chained_by is self:
-                return tokens
-            if d.device_tokens is not None:
-                raise TokenError(f"{what}: this DraftFeed's draft was not made by this engine's mtp_draft")
-            inputs.token_ids(tokens.host(), self.cfg.vocab_size, what)
             return tokens
         return inputs.token_ids(tokens, self.cfg.vocab_size, what)
 
@@ -289,21 +289,21 @@ class Engine:
         toks = self._tokens(token, "mtp_draft")
         hid = inputs.hidden_rows(hidden, (D,), "mtp_draft: hidden", xp, finite=False)
         k = inputs.count(k, "mtp_draft: k", 1)
+        hid = self.be.asarray(hid).reshape(1, D)
         rows, fill = [(hid, "mtp_draft: hidden")], None
         if fill_tokens is not None:
             ft = self._tokens(fill_tokens, "mtp_draft: fill_tokens")
             fh = inputs.hidden_rows(fill_hidden, (len(ft), D), "mtp_draft: fill_hidden", xp, finite=False)
-            rows.append((fh, "mtp_draft: fill_hidden"))
             fill = (ft, self.be.asarray(fh).reshape(len(ft), D))
-        inputs.all_finite([(self.be.asarray(a), what) for a, what in rows], xp)     # one wait, both checked
+            rows.append((fill[1], "mtp_draft: fill_hidden"))
+        inputs.all_finite(rows, xp)     # one wait, both checked
         m = 0 if fill is None else len(fill[0])
         self._check_pos(pos, m + k, self.mtp_len, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
         if forced is not None:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:
                 raise TokenError(f"mtp_draft: forced holds {len(forced)} tokens, the chain has k={k} rows")
-        t, h = self.model.mtp_draft(int(toks[0]), self.be.asarray(hid).reshape(1, D), pos, k, self.state,
-                                    forced, fill)
+        t, h = self.model.mtp_draft(int(toks[0]), hid, pos, k, self.state, forced, fill)
         self.mtp_len = pos + m + k
         d = Draft(t, h, owner=self)
         d.chained_by = self          # its device tokens are this engine's argmax rows: a verify may trust them

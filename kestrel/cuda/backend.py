@@ -259,7 +259,7 @@ class CUDABackend:
             if m:
                 first.bufs["hid"][:m] = fill[1]
             first.bufs["hid"][m:] = hid.reshape(1, -1)
-            self._staging.put(first.ctrl, [pos, st.slot, 0, 0, *[int(t) for t in (fill[0] if m else ())], int(token)])
+            self._put_tokens(first, pos, st.slot, [*(fill[0] if m else ()), token])
             first.run()
             hs[0] = first.hidden[m]
             L.go(_head.argmax_launch(first.logits[m:], V, 1, V, toks[0:1]), self.stream)
