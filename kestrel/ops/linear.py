@@ -54,7 +54,7 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
 # NW, KC (a divisor of TMB_CG) and ST only its speed, so the engine picks a shape by the work
 # (tmb_shape) among TMB_SHAPES, widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
 TMB_CG = 256
-TMB_SHAPES = ((4, 256, 2), (2, 256, 2), (1, 256, 3))
+TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2), (1, 256, 3))
 TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
              (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_KSPLITS = (1, 2, 3, 4)

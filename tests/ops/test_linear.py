@@ -363,7 +363,7 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
     tiled = linear.tmb_tiled(w, 64)
     with pytest.raises(ValueError, match="tiled"):
         linear.gemv_launch(w, X, y, 2, 64, 64, 40, bf16_gemv="tmb")
-    for name, launch, bad_shape in (("gemv_tmb", linear.gemv_tmb_launch, (3, 256, 2)),
+    for name, launch, bad_shape in (("gemv_tmb", linear.gemv_tmb_launch, (7, 256, 2)),
                                     ("gemv_tmr", linear.gemv_tmr_launch, (3, 8))):
         with pytest.raises(ValueError, match=f"{name}: tiled weights"):
             launch(w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
