@@ -25,8 +25,8 @@ The default stays "fma": on the H200 the tensor-core kernels are flat in M, and 
 of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes longer: summed over one 27B
 step, 1.003 times as long on the store-epilogue projections, 1.025 on the residual ones and 1.062
 on gate|up (the per-kernel tables of results/bench_engine_tmb.md and results/bench_engine.md;
-results/cuda_notes.md has per-shape figures from development runs; results/bench_projections.md
-predates gemv_tmr; chapter 7 compares the two engines end to end).
+results/bench_projections.md has each 27B shape alone against cuBLAS; results/cuda_notes.md
+the development runs; chapter 7 compares the two engines end to end).
 """
 import importlib
 import os
