@@ -7,15 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_projections_table_is_rendered_from_its_json(tmp_path):
+@pytest.mark.parametrize("stem", ["bench_projections", "bench_projections_sweep"])
+def test_bench_projections_table_is_rendered_from_its_json(tmp_path, stem):
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_projections.py"), "--render",
-                        str(ROOT / "results" / "bench_projections.json"), "--out", str(tmp_path)],
+                        str(ROOT / "results" / f"{stem}.json"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "bench_projections.md").read_text() == (ROOT / "results" / "bench_projections.md").read_text()
+    assert (tmp_path / "bench_projections.md").read_text() == (ROOT / "results" / f"{stem}.md").read_text()
 
 
 def test_bench_gdn_table_is_rendered_from_its_json(tmp_path):
