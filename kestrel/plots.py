@@ -270,8 +270,8 @@ def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
           quiet: bool = False) -> str:
     """Print (and return) "measured on <device> at <date>".
 
-    With ``fig``, also write the line into the figure (small grey text above the plot
-    area, right-aligned) so the static book shows it with the figure; returns the line.
+    With ``fig``, also write the line into the figure (annotate_provenance: small grey text
+    along its bottom-left edge) so the static book shows it with the figure; returns the line.
     """
     p = provenance(device, when)
     line = f"measured on {p['device']} at {p['date']}"

@@ -152,8 +152,9 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
         what = {"checkpoint": "per-row checkpoints", "input-cache": "input cache",
                 "replay": "snapshot + replay", "flex-replay": "snapshot + batched replay"}[pol.name]
         sel = (live + n_ok) % nslots if (n_ok is not None and pol.name == "checkpoint") else live
-        title = f"The GDN state, {what}: k = {k}, {nslots} slots" + (
-            "" if n_ok is None else f", n_ok = {n_ok}: slot {sel} is live next")
+        # short enough for a page-wide figure (~80 characters were cut off at the right edge)
+        title = f"{what[0].upper()}{what[1:]}: k = {k}, {nslots} GDN slots" + (
+            "" if n_ok is None else f", n_ok = {n_ok}: slot {sel} live next")
     fig = cv.figure(title, height, xr, yr, roles_used)
     if pol.name == "checkpoint" and n_ok:
         # live -> selected, clockwise just outside the first ring (centred at 0, 0): a straight

@@ -82,13 +82,21 @@ def _check_priced(policy, u, k: int, measured: bool):
         raise DiagramError(f"unit costs cannot price k={k}{'' if measured else ' (schematic)'}: {e}") from None
 
 
+LEGEND_LINE_PX = 19     # one legend entry's line at the figures' 12 px font
+
+
 def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     """rows: [(row label, [(phase, label, ms)])], drawn top to bottom as horizontal bars."""
     from ..plots import figure
     colors = _phase_colors()
     colors["greedy"] = "#444444"
     ylabels = [r[0] for r in rows]
-    height = height or (250 + 72 * len(rows))
+    # Room for the legend as one column, one entry a line: in a page-wide figure its long labels
+    # do not fit two to a line, and a legend taller than its room would lift the provenance strip
+    # onto it. (A wide window leaves a gap above the legend instead.)
+    legend_px = LEGEND_LINE_PX * len({ph for _, segs in rows for ph, _, _ in segs}) + 14
+    height = height or (250 + 72 * len(rows) + legend_px - 90)
+    plot_px = height - 70 - (44 + legend_px + 50)       # the margins set below and by legend_below
     unit = "ms" if measured else "× one step"
     xtitle = (f"ms (unit costs measured on {u.meta.get('device', 'the device')})" if measured
               else "time in M=1 steps: schematic, not measured")
@@ -98,7 +106,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
                             title=None),                # headroom above the first row for short labels
                  uniformtext=dict(minsize=9, mode="hide"), hovermode="closest")
     fig.update_layout(margin=dict(t=70))
-    legend_below(fig, 90, 50, left=110, right=100)
+    legend_below(fig, legend_px, 50, left=110, right=100)
     by_phase: dict = {}
     totals, small = [], []
     longest = max([sum(m for _, _, m in segs) for _, segs in rows] + [1e-12])
@@ -127,7 +135,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
                     showlegend=False, hoverinfo="skip", cliponaxis=False)
     for x, ylab, text in small:                    # just above its bar: the bar is half of a row
         fig.add_annotation(x=x, y=ylab, text="▼ " + text, showarrow=False, yanchor="bottom", xanchor="left",
-                           xshift=-5, yshift=0.25 * (height - 254) / (len(rows) + 0.4) + 1,
+                           xshift=-5, yshift=0.25 * plot_px / (len(rows) + 0.4) + 1,
                            font=dict(size=10, color="#a05000"))
     if not measured:
         fig.add_annotation(text="schematic lengths (not measured): pass unit_costs= for measured ones",
