@@ -96,7 +96,6 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     # onto it. (A wide window leaves a gap above the legend instead.)
     legend_px = LEGEND_LINE_PX * len({ph for _, segs in rows for ph, _, _ in segs}) + 14
     height = height or (250 + 72 * len(rows) + legend_px - 90)
-    plot_px = height - 70 - (44 + legend_px + 50)       # the margins set below and by legend_below
     unit = "ms" if measured else "× one step"
     xtitle = (f"ms (unit costs measured on {u.meta.get('device', 'the device')})" if measured
               else "time in M=1 steps: schematic, not measured")
@@ -107,6 +106,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
                  uniformtext=dict(minsize=9, mode="hide"), hovermode="closest")
     fig.update_layout(margin=dict(t=70))
     legend_below(fig, legend_px, 50, left=110, right=100)
+    plot_px = height - fig.layout.margin.t - fig.layout.margin.b
     by_phase: dict = {}
     totals, small = [], []
     longest = max([sum(m for _, _, m in segs) for _, segs in rows] + [1e-12])
