@@ -42,9 +42,11 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
     tok = None
     if isinstance(name_or_path, Config) or (isinstance(name_or_path, str) and name_or_path in PRESETS):
         cfg = name_or_path if isinstance(name_or_path, Config) else PRESETS[name_or_path]
-        if hasattr(be, "random_model"):            # CUDA: large shapes drawn on the GPU
-            return be.random_model(cfg, seed=seed, dtype=dtype)
-        model = Model(cfg, random_weights(cfg, seed), be, source=f"random(seed={seed})", weight_dtype=dtype)
+        if hasattr(be, "random_weights"):          # CUDA: large shapes drawn on the GPU
+            tensors, stacks, source = be.random_weights(cfg, seed=seed, dtype=dtype)
+        else:
+            tensors, stacks, source = random_weights(cfg, seed), {}, f"random(seed={seed})"
+        model = Model(cfg, tensors, be, source=source, weight_dtype=dtype, stacks=stacks)
     else:
         path = ASSETS / "tiny" if name_or_path == "tiny" else Path(name_or_path)
         if name_or_path == "tiny" and not (path / "config.json").exists():

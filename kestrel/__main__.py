@@ -60,7 +60,7 @@ def _load(args):
 
 
 def _starts(model, which: str):
-    from kestrel.spec import default_starts
+    from kestrel.speculative import default_starts
     allst = default_starts(model)
     if which == "all":
         return list(enumerate(allst))
@@ -113,7 +113,7 @@ def _checked(fn, what: str):
 # ---- spec --------------------------------------------------------------------------------------
 def check_spec(args):
     """-> (model, starts, run_spec keyword arguments), every start's arguments checked."""
-    from kestrel import spec
+    from kestrel import speculative as spec
     _check_output(args.json)
     if args.drafter != "replay" and (args.hist or args.profile):
         raise UsageError("--hist/--profile drive the replay drafter: add --drafter replay")
@@ -137,7 +137,7 @@ def check_spec(args):
 
 
 def cmd_spec(args) -> int:
-    from kestrel import spec
+    from kestrel import speculative as spec
     model, starts, kw = check_spec(args)
     results = []
     print(f"[spec] model={model.cfg.name} ({model.source}) device={getattr(model.be, 'device_name', model.be.name)} "
@@ -165,7 +165,7 @@ def cmd_spec(args) -> int:
 
 # ---- accept ------------------------------------------------------------------------------------
 def cmd_accept(args) -> int:
-    from kestrel import spec
+    from kestrel import speculative as spec
     _check_output(args.json)
     model = _load(args)
     starts = _starts(model, args.starts)
@@ -192,7 +192,7 @@ def cmd_accept(args) -> int:
 
 # ---- costs -------------------------------------------------------------------------------------
 def cmd_costs(args) -> int:
-    from kestrel import spec
+    from kestrel import speculative as spec
     _check_output(args.json)
     if args.hist and args.profile:
         raise UsageError("give one of --hist and --profile")
@@ -228,7 +228,7 @@ def cmd_costs(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from kestrel.spec import DRAFTERS, FEEDS, PAIRINGS, POLICIES, TAILS
+    from kestrel.speculative import DRAFTERS, FEEDS, PAIRINGS, POLICIES, TAILS
     ap = _Parser(prog="python -m kestrel", description="kestrel: speculative decoding with an MTP "
                  "draft head on hybrid GDN + attention models")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)

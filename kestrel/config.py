@@ -132,6 +132,10 @@ class Config:
         return 2 * self.lin_num_key_heads * self.lin_key_head_dim + self.lin_num_value_heads * self.lin_value_head_dim
 
     @property
+    def gdn_in_width(self) -> int:  # a GDN layer's input row: its in-projection's output q|k|v | z | b | a
+        return self.conv_dim + self.lin_num_value_heads * self.lin_value_head_dim + 2 * self.lin_num_value_heads
+
+    @property
     def rot_dim(self) -> int:   # channels rotated by the partial NeoX RoPE
         return int(self.head_dim * self.partial_rotary_factor)
 
@@ -157,10 +161,6 @@ class Config:
     def kv_bytes_per_token(self, dtype_bytes: int = 4, mtp: bool = False) -> int:
         n = len(self.attn_layers) + (self.mtp_layers if mtp else 0)
         return n * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
-
-    def param_count(self, mtp: bool = True) -> int:
-        from .program import param_count   # noqa: PLC0415 (the program module imports this one)
-        return param_count(self, mtp)
 
     # ---- checks ---------------------------------------------------------------------
     def _error(self, field_name: str, value, msg: str) -> ConfigError:

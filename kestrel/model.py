@@ -12,8 +12,12 @@ from .program import fold_program, main_program, mtp_fill_program, mtp_program
 
 
 class Model:
-    def __init__(self, cfg: Config, tensors: dict, backend, source: str = "", weight_dtype: str = "fp32"):
+    def __init__(self, cfg: Config, tensors: dict, backend, source: str = "", weight_dtype: str = "fp32",
+                 stacks: dict | None = None):
+        """stacks: stacked projection matrices that some tensors are row views of (weights drawn on
+        the device straight into their stacks); the backend adopts them instead of copying."""
         self.cfg, self.be, self.source, self.weight_dtype = cfg, backend, source, weight_dtype
+        self._drawn_stacks = stacks or {}
         self.w = {n: backend.put_weight(n, t, weight_dtype) for n, t in tensors.items()}
         self.head = self.w["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
         self.main = main_program(cfg)

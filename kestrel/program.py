@@ -43,15 +43,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .config import Config
-from .ops.gdn import GDN_MODES  # noqa: F401 (re-exported: the modes a program run takes)
 
 EPILOGUES = ("store", "add", "swiglu")
-# What a GDN op does with the recurrent state of its rows (GDN_MODES, kestrel/ops/gdn.py):
+# What a GDN op does with the recurrent state of its rows (the number is what kernels/gdn.cu reads):
 #   in_place    update the live slot (plain steps)
 #   checkpoint  row j's state into slot live+1+j, the live slot only read (policy "checkpoint")
 #   cache       the live slot only read, nothing written; the rows' inputs (the in-projection's
 #               output) stay in DeviceState.gdn_in, and the fold program later runs the first
 #               n of them in place (policy "input-cache")
+GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def _buffers(cfg: Config, extra=()) -> tuple:
                            cfg.head_dim)
     b = [("x", H), ("xn", H), ("act", cfg.intermediate_size), ("hidden", H), ("logits", V)]
     if cfg.gdn_layers:
-        b += [("gin", cfg.conv_dim + nv * dv + 2 * nv), ("gy", nv * dv)]
+        b += [("gin", cfg.gdn_in_width), ("gy", nv * dv)]
     b += [("ain", nh * hd * 2 + 2 * nkv * hd), ("ao", nh * hd)]
     return tuple(b) + tuple(extra)
 

@@ -44,7 +44,7 @@ class DeviceState:
                  kc=be.zeros((n_attn,) + kv), vc=be.zeros((n_attn,) + kv),
                  S_snap=be.zeros((n_gdn, nv, dk, dv)), hist_snap=be.zeros((n_gdn, cfg.conv_dim, cfg.conv_kernel - 1)),
                  max_seq=max_seq)
-        width = cfg.conv_dim + nv * dv + 2 * nv
+        width = cfg.gdn_in_width
         st.gdn_in = be.zeros((n_gdn, nslots - 1, width)) if n_gdn else be.zeros((0, 1, 1))
         if mtp:
             st.mtp_kc, st.mtp_vc = be.zeros(kv), be.zeros(kv)

@@ -35,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.lab.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.program import param_count  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
 DEFAULT_PRESETS = ["test-a", "test-b", "tiny"] + QWEN
@@ -52,7 +53,7 @@ def log(*a):
 # ---- bytes ------------------------------------------------------------------------------------
 def floor_bytes(cfg, dtype: str) -> dict:
     """Bytes one decode step must read: every main-model weight once (see the module doc)."""
-    from kestrel.spec.sweep import weight_bytes
+    from kestrel.lab.sweep import weight_bytes
     return {"weights": weight_bytes(cfg, dtype)}
 
 
@@ -66,7 +67,7 @@ def state_bytes(cfg, ctx: int) -> int:
 
 # ---- our engine ---------------------------------------------------------------------------------
 def copy_bandwidth(be, nbytes=2 << 30, reps=20):
-    from kestrel.spec.sweep import copy_ms
+    from kestrel.lab.sweep import copy_ms
     times = copy_ms(be, nbytes, reps, warm=3)
     t = med(times)
     return {"bytes_copied": nbytes, "ms_median": t, "GBps_read_plus_write": 2 * nbytes / (t * 1e-3) / 1e9,
@@ -75,8 +76,8 @@ def copy_bandwidth(be, nbytes=2 << 30, reps=20):
 
 def read_bandwidth(be, nbytes=2 << 30, reps=15):
     """kernels/stream_read.cu (16-byte loads that skip L1) over one large buffer, the best of
-    its shapes (kestrel.spec.sweep.read_bandwidth): the honest floor."""
-    from kestrel.spec.sweep import read_bandwidth as stream_read_bandwidth
+    its shapes (kestrel.lab.sweep.read_bandwidth): the honest floor."""
+    from kestrel.lab.sweep import read_bandwidth as stream_read_bandwidth
     rd = stream_read_bandwidth(be, nbytes, reps, warm=3)
     return {"bytes": nbytes, "variant": rd["shape"], "GBps": rd["Bps"] / 1e9}
 
@@ -85,7 +86,7 @@ def gemv_sweep(be, reps=15, shapes=None):
     """linear.cu's CUDA-core GEMV alone on the 27B projection shapes (bf16): M = 1 and 4, K-split
     ks = 1, 2, 4."""
     import cupy as cp
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     from kestrel.ops.linear import gemv_launch
     shapes = shapes or [("gdn in_proj [qkv|z|b|a]", 16480, 5120, 0), ("attn [q|k|v]", 14336, 5120, 0),
               ("mlp [gate|up] + SwiGLU", 17408, 5120, 2), ("mlp down", 5120, 17408, 0),
@@ -178,7 +179,7 @@ def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int
     ctx = P + 3 + ntok + 8 * (reps + 3) + 16
     fb = floor_bytes(cfg, dtype)
     floor_ms = fb["weights"] / (bw_gbps * 1e9) * 1e3
-    r = {"preset": name, "dtype": dtype, "params": cfg.param_count(), "params_no_mtp": cfg.param_count(mtp=False),
+    r = {"preset": name, "dtype": dtype, "params": param_count(cfg), "params_no_mtp": param_count(cfg, mtp=False),
          "load_s": load_s, "floor_bytes": fb["weights"], "floor_ms": floor_ms, "source": repo_relative(model.source)}
     log(f"[{name} {dtype}] loaded in {load_s:.1f}s; floor {fb['weights'] / 1e9:.3f} GB -> {floor_ms:.3f} ms")
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_projections import time_cupy_graph  # noqa: E402
-from kestrel.results import measured_commit, recorded_command  # noqa: E402
+from kestrel.lab.results import measured_commit, recorded_command  # noqa: E402
 
 PRESETS = ("qwen3.5-0.8b", "qwen3.5-9b", "qwen3.5-27b")
 MS = (1, 2, 3, 4, 5, 8)
@@ -39,7 +39,7 @@ MODES = ("in_place", "checkpoint", "cache")
 
 def bench_preset(be, cp, name: str, reps: int, seed: int) -> dict:
     from kestrel.config import PRESETS as P
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     from kestrel.ops import gdn
     cfg = P[name]
     sh = gdn.GDNShape.of(cfg)

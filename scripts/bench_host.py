@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.results import measured_commit, recorded_command, stem as results_stem  # noqa: E402
+from kestrel.lab.results import measured_commit, recorded_command, stem as results_stem  # noqa: E402
 
 
 def med(xs) -> float:

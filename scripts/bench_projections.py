@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 if __name__ == "__main__":   # compile every CUDA-core shape of fma_sweep (before kestrel.ops.linear is imported)
     import os
     os.environ.setdefault("KESTREL_GEMV_SWEEP", "1")
-from kestrel.results import measured_commit, recorded_command  # noqa: E402
+from kestrel.lab.results import measured_commit, recorded_command  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
@@ -143,7 +143,7 @@ def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, tiled=None, twin_rows=1024):
     """rel vs float64 (all rows), rel vs the NumPy twin (rows [0, twin_rows)), all written,
     rows bit-identical for M = 1..8. W: [rows, K] bf16 bits; x [8, K]; y0 [8, N] (add);
     tiled: W's tmb_tiled copy (kernel "tmb")."""
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     from kestrel.ops import linear, mlp
     half = N if epi == "swiglu" else 0
 
@@ -333,7 +333,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
 def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
     """The CUDA-core GEMV's shapes (MT, RR, PF) at each M: time, and whether its rows are
     bit-identical to the engine's shape (they sum in one order, so they must be)."""
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
 
     def run(M, fma):
         y = y0[:M].copy()
@@ -363,7 +363,7 @@ def profile_once(shape, ms=(1, 4)):
     (for a profiler that catches the gemv kernels in this order)."""
     import cupy as cp
     from kestrel.cuda import CUDABackend
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     from kestrel.ops import linear
     label, N, K, epi = shape
     be = CUDABackend()
@@ -391,7 +391,7 @@ def profile_once(shape, ms=(1, 4)):
 def step_uses(preset="qwen3.5-27b") -> dict:
     """How many times one decode step runs each projection shape of SHAPES (from the config)."""
     from kestrel.config import PRESETS
-    from kestrel.sizes import projection_uses
+    from kestrel.lab.sizes import projection_uses
     uses = projection_uses(PRESETS[preset])
     assert list(uses) == [s[0] for s in SHAPES]
     return uses
@@ -514,7 +514,7 @@ def render_md(R: dict) -> str:
               + ", ".join(f"{k} ×{v}" for k, v in uses.items()) + "), ms, and against M = 1:", "",
               "| M | kestrel (engine) | ÷ M=1 | tmb | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |",
               "|---|---|---|---|---|---|---|---|"]
-        from kestrel.sizes import projection_step_ms
+        from kestrel.lab.sizes import projection_step_ms
         steps = [projection_step_ms(R, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")]
         rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3   # the same for every M
         for M in MS:
@@ -559,7 +559,7 @@ def main():
     be = CUDABackend()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    from kestrel.cuda.launch import device_props
+    from kestrel.nvrtc import device_props
     l2 = int(device_props().get("l2CacheSize", 60 << 20))
     R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -11,17 +11,17 @@
       pairings, k=2..4) and by a flat profile whose mean advance is 2.8 tokens per round (trained
       pairing, k=4: the mean acceptance length reported for Qwen3.6-27B's MTP head with three
       draft tokens) and by an n_ok sequence that advances 2.8 a round over each 5-round cycle
-      (the profile's seeded draw over one run need not: spec.sweep.SEQ_2P8), under every policy, with each phase's cost and the recurrent-state bytes
+      (the profile's seeded draw over one run need not: sweep.SEQ_2P8), under every policy, with each phase's cost and the recurrent-state bytes
       each round moved (from the config: Policy.state_traffic). Each run is repeated --repeats
       times (single runs vary by about 10%): ms/token the medians, speedup greedy / spec of the
-      medians, each with the repeats' min..max range (spec.large_runs, which the book also runs live on a GPU that holds the shape).
+      medians, each with the repeats' min..max range (sweep.large_runs, which the book also runs live on a GPU that holds the shape).
   (c) the cost model: unit costs measured on each model; the prediction for each run's own
       rounds beside its measurement, and the pure prediction from the histogram/profile.
   (d) the sweep over sizes: tiny, 0.8B, 4B, 9B, 27B (random bf16 weights for the real shapes,
       each freed before the next), the replay drafter driven by the E16 profile (trained
       pairing, checkpoint policy) at k = 1..4, greedy in the same call, each size's unit costs
       and its roofline: weight bytes / bandwidth against kernels per step x launch cost, which
-      says whether the size is bandwidth- or launch-bound (spec.size_sweep).
+      says whether the size is bandwidth- or launch-bound (sweep.size_sweep).
 
 On the H200:   python scripts/bench_spec.py
 On CPU, fast:  python scripts/bench_spec.py --quick      (CPU stand-ins, T=16, one repeat; the
@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import kestrel  # noqa: E402
-from kestrel import spec  # noqa: E402
-from kestrel.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel import speculative as spec  # noqa: E402
+from kestrel.lab import sweep  # noqa: E402
+from kestrel.lab.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
 
@@ -51,7 +52,7 @@ def log(msg):
     print(msg, flush=True)
 
 
-summary_of = spec.sweep.summary_of      # the runs' RunSummary with the cost model for their own rounds
+summary_of = sweep.summary_of      # the runs' RunSummary with the cost model for their own rounds
 
 
 def row_of(s: spec.RunSummary, **extra) -> dict:
@@ -112,32 +113,32 @@ def bench_tiny(args):
 
 # ---- (b) the 27B shape, histogram replay ------------------------------------------------------------------
 def bench_large(args):
-    """spec.large_runs (the same code the book runs live on a GPU that holds the shape)."""
+    """sweep.large_runs (the same code the book runs live on a GPU that holds the shape)."""
     if args.quick:
         model = kestrel.load("test-a", device="cpu")
         T, P = args.T, 8
-        schedules = spec.sweep.LARGE_SCHEDULES[:1] + spec.sweep.LARGE_SCHEDULES[3:4]
+        schedules = sweep.LARGE_SCHEDULES[:1] + sweep.LARGE_SCHEDULES[3:4]
     else:
         model = kestrel.load(args.large, device=args.device, dtype=args.dtype)
         T, P = args.T, 32
-        schedules = spec.sweep.LARGE_SCHEDULES
-    out = spec.large_runs(model, T=T, P=P, schedules=schedules, repeats=args.repeats, reps=3 if args.quick else 7,
+        schedules = sweep.LARGE_SCHEDULES
+    out = sweep.large_runs(model, T=T, P=P, schedules=schedules, repeats=args.repeats, reps=3 if args.quick else 7,
                           log=log)
     del model
-    spec.sweep.free_device_memory()
+    sweep.free_device_memory()
     return out
 
 
 # ---- (d) every size, k = 1..4 ------------------------------------------------------------------------------
 def bench_sweep(args):
-    """spec.size_sweep: the replay drafter driven by the E16 profile (trained pairing, checkpoint
+    """sweep.size_sweep: the replay drafter driven by the E16 profile (trained pairing, checkpoint
     policy) at each size and k, with each size's roofline."""
     if args.quick:
-        return spec.size_sweep(spec.sweep.QUICK_PRESETS, T=args.T, P=8, device="cpu", reps=3, log=log)
-    presets, skipped = spec.sweep.runnable(spec.sweep.SIZE_PRESETS, device=args.device, dtype=args.dtype)
+        return sweep.size_sweep(sweep.QUICK_PRESETS, T=args.T, P=8, device="cpu", reps=3, log=log)
+    presets, skipped = sweep.runnable(sweep.SIZE_PRESETS, device=args.device, dtype=args.dtype)
     for p, why in skipped:
         log(f"!! (d) skips {p}: {why}")
-    d = spec.size_sweep(presets, T=args.T, P=32, device=args.device, dtype=args.dtype, log=log)
+    d = sweep.size_sweep(presets, T=args.T, P=32, device=args.device, dtype=args.dtype, log=log)
     d["skipped"] = [{"preset": p, "why": why} for p, why in skipped]
     return d
 

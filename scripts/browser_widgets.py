@@ -7,8 +7,8 @@ headless Chromium through the DevTools protocol.
 What it does, in a fresh JupyterLab server on a free local port (its own settings, workspace
 and notebook folder, in a temporary directory):
 
-1. opens a notebook that builds ``kestrel.widgets.spec_replay()`` and
-   ``kestrel.widgets.cost_explorer("bench_spec")`` and runs it in a live kernel;
+1. opens a notebook that builds ``kestrel.lab.widgets.spec_replay()`` and
+   ``kestrel.lab.widgets.cost_explorer("bench_spec")`` and runs it in a live kernel;
    (with --fallback, their figures go through ipywidgets.Output instead of FigureWidget);
 2. spec_replay: presses *Run* with the mouse and waits for the run to finish; the n_ok
    histogram must then hold the run's rounds and every figure must have changed;
@@ -378,7 +378,7 @@ def widgets_notebook(fallback: bool = False) -> dict:
     ipywidgets.Output instead of plotly's FigureWidget (what a kernel without anywidget does)."""
     first = "import kestrel\nfrom kestrel import widgets\n"
     if fallback:
-        first += "from kestrel.widgets.view import FigView\nFigView.force_output = True\n"
+        first += "from kestrel.lab.widgets.view import FigView\nFigView.force_output = True\n"
     return notebook([first + "replay = widgets.spec_replay(T=32)\nreplay",
                      'explorer = widgets.cost_explorer("bench_spec")\nexplorer'])
 

@@ -150,7 +150,7 @@ def be():
 def poison():
     """Fill every scratch and output buffer the CUDA backend makes with NaN first, so a kernel
     that leaves an element unwritten fails its test."""
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     old = L.POISON
     L.POISON = True
     yield

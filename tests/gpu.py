@@ -37,7 +37,7 @@ def finite(x):
 
 def ctrl(pos=0, slot=0, tokens=()):
     """A ctrl block (kernels/common.cuh) on the device."""
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     v = np.zeros(L.CTRL_TOK + max(len(tokens), 1), np.int32)
     v[L.CTRL_POS], v[L.CTRL_SLOT] = pos, slot
     v[L.CTRL_TOK:L.CTRL_TOK + len(tokens)] = tokens
@@ -45,6 +45,6 @@ def ctrl(pos=0, slot=0, tokens=()):
 
 
 def go(be, launch):
-    from kestrel.cuda import launch as L
+    from kestrel import nvrtc as L
     L.go(launch, be.stream)
     be.sync()

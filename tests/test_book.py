@@ -46,11 +46,11 @@ def test_notebook_committed_executed_and_stamped(path):
         assert not errors, f"{path.name}: code cell {i} has an error output: {errors[0].get('ename')}"
 
 
-# --------------------------------------------------------------------------- kestrel.plots
+# --------------------------------------------------------------------------- kestrel.lab.plots
 
 def test_plots_bundle_is_deterministic_and_offline():
     pytest.importorskip("plotly")
-    from kestrel import plots
+    from kestrel.lab import plots
 
     def make():
         fig = plots.figure("t", height=300)
@@ -74,7 +74,7 @@ def test_plots_bundle_is_deterministic_and_offline():
 
 
 def test_plots_stamp():
-    from kestrel import plots
+    from kestrel.lab import plots
 
     line = plots.stamp(device="NVIDIA H200 (GPU)", quiet=True)
     assert re.fullmatch(r"measured on NVIDIA H200 \(GPU\) at \d{4}-\d\d-\d\d \d\d:\d\d UTC", line)
@@ -85,7 +85,7 @@ def test_plots_stamp():
 def test_plots_provenance_names_the_device(monkeypatch):
     """The device name a figure is stamped with: the override, else a detected GPU or the CPU
     with its core count; never an empty or placeholder string."""
-    from kestrel import plots
+    from kestrel.lab import plots
 
     monkeypatch.setenv("KESTREL_DEVICE_NAME", "Example GPU 9000")
     assert plots.provenance()["device"] == "Example GPU 9000"
@@ -204,7 +204,7 @@ def test_local_assets_exist_and_plotly_is_on_every_page(built):
 def test_book_has_plotly_figures(built):
     n = sum(page.read_text(errors="replace").count('class="plotly-graph-div"')
             for page in (HTML / "book").glob("*.html"))
-    assert n >= 1, "no chapter contains a plotly figure written by kestrel.plots.show"
+    assert n >= 1, "no chapter contains a plotly figure written by kestrel.lab.plots.show"
 
 
 # --------------------------------------------------------------------------- the pages of the build

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import kestrel
-from kestrel import spec
+from kestrel import speculative as spec
 from kestrel.__main__ import main
 
 TINY = os.path.join(os.path.dirname(kestrel.__file__), "assets", "tiny")

@@ -1,4 +1,4 @@
-"""kestrel.diagrams: each diagram draws what the engine does. The timelines add up to the cost
+"""kestrel.lab.diagrams: each diagram draws what the engine does. The timelines add up to the cost
 model's round; the ring's written and kept slots, the cursors and the MTP cursor are checked
 against a running engine (test-a, CPU) with fresh random tokens; bad arguments raise
 DiagramError naming the problem."""
@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import kestrel
-from kestrel import diagrams, spec
-from kestrel.diagrams import DiagramError
+from kestrel.lab import diagrams
+from kestrel import speculative as spec
+from kestrel.lab.diagrams import DiagramError
 
 pytest.importorskip("plotly")
 
@@ -332,7 +333,7 @@ def test_cursor_labels_clear_every_cell(n_ok, pairing):
     height (font size over the plot's pixels per data unit) counted: it never covers a cell or
     a cell's label (the first edition drew 'cursor 13' over the 'd2' of the row above)."""
     import importlib
-    C = importlib.import_module("kestrel.diagrams.cursors")     # the module, not the function
+    C = importlib.import_module("kestrel.lab.diagrams.cursors")     # the module, not the function
     fig = diagrams.cursors(pos=12, k=3, n_ok=n_ok, pairing=pairing)
     m = fig.layout.margin
     y0, y1 = fig.layout.yaxis.range
@@ -375,7 +376,7 @@ def test_cursors_bad_arguments(kw, match):
 
 # ---- every figure goes through the book's offline bundle ---------------------------------------------
 def test_every_diagram_bundles_offline(rng):
-    from kestrel import plots
+    from kestrel.lab import plots
     figs = [diagrams.round_timeline("input-cache", k=2, n_ok=2, unit_costs=random_units(rng)),
             diagrams.round_timelines(), diagrams.state_ring(n_ok=0), diagrams.cursors()]
     for fig in figs:
@@ -386,9 +387,9 @@ def test_every_diagram_bundles_offline(rng):
         assert legend, "every diagram has a colour key"
 
 
-# ---- kestrel.undo: the chapter's numbers --------------------------------------------------------------
+# ---- kestrel.lab.undo: the chapter's numbers --------------------------------------------------------------
 def test_undo_storage_follows_the_formulas():
-    from kestrel import undo
+    from kestrel.lab import undo
     from kestrel.config import load_config
     cfgs = {"tiny": load_config(kestrel.ASSETS / "tiny"), "27b": kestrel.PRESETS["qwen3.5-27b"]}
     for k in (1, 3, 4):
@@ -401,8 +402,8 @@ def test_undo_storage_follows_the_formulas():
 
 
 def test_undo_fits_is_the_largest_batch_that_fits():
-    from kestrel import undo
-    from kestrel.spec.cost import serving_projection
+    from kestrel.lab import undo
+    from kestrel.speculative.cost import serving_projection
     cfg = kestrel.PRESETS["qwen3.5-27b"]
     mem = 141e9
     for row in undo.fits_rows(cfg, mem, k=3, contexts=(4096, 65536)):
@@ -414,14 +415,14 @@ def test_undo_fits_is_the_largest_batch_that_fits():
 
 
 def test_undo_memcmp():
-    from kestrel.undo import _memcmp
+    from kestrel.lab.undo import _memcmp
     assert _memcmp([1, 2, 3], [1, 2, 3]) == 0
     assert _memcmp([1, 2, 3], [1, 2, 4]) == -1 and _memcmp([1, 5, 3], [1, 2, 3]) == 1
     assert _memcmp([1, 2], [1, 2, 3]) == -1
 
 
 def test_undo_fold_and_matrix_on_a_random_model(model_a, rng):
-    from kestrel import undo
+    from kestrel.lab import undo
     V = model_a.cfg.vocab_size
     prompt = [int(t) for t in rng.integers(0, V, 6)]
     drafts = [int(t) for t in rng.integers(0, V, 3)]
@@ -434,7 +435,7 @@ def test_undo_fold_and_matrix_on_a_random_model(model_a, rng):
 
 
 def test_undo_time_policies_and_figures(model_a, rng):
-    from kestrel import plots, undo
+    from kestrel.lab import plots, undo
     V = model_a.cfg.vocab_size
     starts = [[int(t) for t in rng.integers(0, V, 5)] for _ in range(2)]
     u = spec.measure_unit_costs(model_a, k_max=3, ctx=8, reps=2)
@@ -451,7 +452,7 @@ def test_undo_time_policies_and_figures(model_a, rng):
 
 
 def test_undo_large_comparison_from_the_results_file():
-    from kestrel import results, undo
+    from kestrel.lab import results, undo
     try:
         results.load("bench_spec")
     except FileNotFoundError:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import kestrel
-from kestrel import spec
+from kestrel import speculative as spec
 from kestrel.errors import KestrelError, TokenError
 
 K = 3

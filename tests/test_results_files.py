@@ -51,11 +51,11 @@ def test_bench_engine_tables_are_rendered_from_their_json(tmp_path, monkeypatch)
 
 
 def test_projection_uses_account_for_a_steps_weights():
-    """kestrel.sizes.projection_uses (which the projection table and chapter 7 sum with) counts
+    """kestrel.lab.sizes.projection_uses (which the projection table and chapter 7 sum with) counts
     each 27B projection as often as a step runs it: their weight bytes are the step's weight bytes
-    (kestrel.spec.sweep.weight_bytes) but for the norms, the convolution and the gate vectors."""
-    from kestrel import results, sizes
-    from kestrel.spec import sweep
+    (kestrel.lab.sweep.weight_bytes) but for the norms, the convolution and the gate vectors."""
+    from kestrel.lab import results, sizes
+    from kestrel.lab import sweep
     bench = results.load("bench_projections")
     cfg = sweep.config_of("qwen3.5-27b")
     uses = sizes.projection_uses(cfg)
@@ -67,7 +67,7 @@ def test_projection_uses_account_for_a_steps_weights():
 def test_recorded_command_names_the_kernel_switches():
     """A results file measured under a kernel switch says so in its command (the same script
     measures other kernels without it); the output folder is never recorded."""
-    from kestrel.results import recorded_command
+    from kestrel.lab.results import recorded_command
     argv = ["--out", "/tmp/x y", "--reps", "9"]
     assert recorded_command("scripts/b.py", argv, {}) == "python3 scripts/b.py --out OUTDIR --reps 9"
     env = {"KESTREL_BF16_GEMV": "tmb", "KESTREL_COMMIT": "abc", "HOME": "/root", "KESTREL_PDL": "0"}
@@ -77,7 +77,7 @@ def test_recorded_command_names_the_kernel_switches():
 
 def test_a_run_under_another_gemv_writes_its_own_results(monkeypatch):
     from kestrel.ops import linear
-    from kestrel.results import stem
+    from kestrel.lab.results import stem
     monkeypatch.setattr(linear, "BF16_GEMV", linear.BF16_GEMV_DEFAULT)
     assert stem("bench_engine") == "bench_engine"
     monkeypatch.setattr(linear, "BF16_GEMV", "tmb")
@@ -87,7 +87,7 @@ def test_a_run_under_another_gemv_writes_its_own_results(monkeypatch):
 def test_measured_commit_names_the_tree(monkeypatch):
     """A benchmark records the commit it measured: KESTREL_COMMIT where the tree came without its
     history, else the repository's HEAD."""
-    from kestrel.results import measured_commit
+    from kestrel.lab.results import measured_commit
     monkeypatch.setenv("KESTREL_COMMIT", "abc1234")
     assert measured_commit() == "abc1234"
     monkeypatch.delenv("KESTREL_COMMIT")

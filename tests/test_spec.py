@@ -1,4 +1,4 @@
-"""kestrel.spec: the speculative round, policies, drafters, variants, instrumentation, cost model, CLI.
+"""kestrel.speculative: the speculative round, policies, drafters, variants, instrumentation, cost model, CLI.
 
 The model: the embedded tiny model when kestrel/assets/tiny/model.safetensors exists (its six
 starts.json prompts), else the random preset 'test-b' with six seeded random prompts (MTP
@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 import kestrel
-from kestrel import spec
+from kestrel import speculative as spec
 from kestrel.errors import BatchWidthError, CursorError, KestrelError
-from kestrel.spec.accept import Acceptance
-from kestrel.spec.cost import UnitCosts
+from kestrel.speculative.accept import Acceptance
+from kestrel.speculative.cost import UnitCosts
 from conftest import draft_by_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -662,7 +662,7 @@ def test_drafter_keeps_its_held_rows_when_the_chain_raises(model, rng):
     """The trained-pairing drafter lets go of the rows it holds only once the engine call that
     writes them returns: a chain the engine refuses (past max_seq) leaves them held and the engine
     unchanged, and the next valid draft writes them first."""
-    from kestrel.spec.drafters import RoundCtx
+    from kestrel.speculative.drafters import RoundCtx
     V = model.cfg.vocab_size
     prompt = [int(t) for t in rng.integers(0, V, 5)]
     eng = kestrel.Engine(model, max_seq=16, mmax=3)

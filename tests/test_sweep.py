@@ -1,4 +1,4 @@
-"""The sweep over sizes and k (kestrel.spec.sweep) and its roofline, on the CPU test shapes."""
+"""The sweep over sizes and k (kestrel.lab.sweep) and its roofline, on the CPU test shapes."""
 from __future__ import annotations
 
 import json
@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 
 import kestrel
-from kestrel import results, spec
+from kestrel.lab import results
+from kestrel import speculative as spec
 from kestrel.program import expected_shapes
-from kestrel.spec import sweep
+from kestrel.lab import sweep
+from kestrel.program import param_count
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def swept():
-    return spec.size_sweep(["test-a", "test-b"], T=12, P=8, device="cpu", reps=2, repeats=1)
+    return sweep.size_sweep(["test-a", "test-b"], T=12, P=8, device="cpu", reps=2, repeats=1)
 
 
 def test_sweep_has_one_row_per_size_and_k(swept):
@@ -61,7 +63,7 @@ def test_roofline_floor_is_the_weight_bytes(preset):
     if dtype == "bf16" and cfg.tie_word_embeddings:      # tied: every parameter is read
         vec = sum(math.prod(s) for n, s in expected_shapes(cfg).items()      # vectors, conv kernels: fp32
                   if len(s) != 2 and not n.startswith("mtp."))
-        assert r["weight_bytes"] == 2 * cfg.param_count(mtp=False) + 2 * vec
+        assert r["weight_bytes"] == 2 * param_count(cfg, mtp=False) + 2 * vec
     assert r["floor_ms"] == pytest.approx(r["weight_bytes"] / 4e12 * 1e3)
     assert r["launch_ms"] == pytest.approx(r["kernels_per_step"] * 0.003)
     gdn, attn = len(cfg.gdn_layers), len(cfg.attn_layers)

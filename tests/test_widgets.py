@@ -1,4 +1,4 @@
-"""kestrel.widgets: the plain figures (static book) and the two live widgets, headless, on the
+"""kestrel.lab.widgets: the plain figures (static book) and the two live widgets, headless, on the
 tiny model on the CPU backend. Small T throughout: the whole file runs in seconds."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")
 
 import kestrel  # noqa: E402
-from kestrel import plots, results, spec, widgets  # noqa: E402
+from kestrel.lab import plots, results, widgets
+from kestrel import speculative as spec  # noqa: E402
 
 T = 16
 ARTICLE_HIST_TEXT = "0:24 1:6 2:11 3:4"
@@ -57,8 +58,8 @@ def _bench_row(r, units):
 # --------------------------------------------------------------------------- import
 
 def test_import_is_lazy():
-    code = ("import sys, kestrel; assert 'kestrel.widgets' not in sys.modules; "
-            "import kestrel.widgets; "
+    code = ("import sys, kestrel; assert 'kestrel.lab.widgets' not in sys.modules; "
+            "import kestrel.lab.widgets; "
             "bad = [m for m in ('ipywidgets', 'plotly', 'IPython', 'anywidget') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -284,7 +285,7 @@ def test_cost_explorer(units, runs):
 
 def test_cost_explorer_defaults_and_fallback_view(monkeypatch, capsys):
     """unit_costs=None measures them on the tiny model; without a FigureWidget the figures are
-    redrawn into Output widgets through kestrel.plots.show."""
+    redrawn into Output widgets through kestrel.lab.plots.show."""
     monkeypatch.setattr(widgets.view.FigView, "force_output", True)
     w = widgets.cost_explorer(device="cpu", profile=[0.8, 0.5])
     app = w.app
@@ -320,7 +321,7 @@ def test_committed_results_load_as_run_summaries():
         for row, r in zip(bench[name]["runs"], b.runs):
             assert (r.policy.name, r.pairing.value, r.k) == (row["policy"], row["pairing"], row["k"])
             # every row's speedup is greedy / spec of its times (for repeats: of the median times,
-            # spec.sweep.over_repeats), which is what the summary computes back
+            # sweep.over_repeats), which is what the summary computes back
             assert r.speedup == pytest.approx(row["speedup"], rel=1e-12)
             if row.get("repeats", 1) > 1:
                 lo, hi = row["speedup_range"]

@@ -5,7 +5,7 @@ Loaded by ``_config.yml`` (``sphinx: local_extensions: kestrel_book: book/_ext``
 * plotly.js: copies ``plotly/package_data/plotly.min.js`` from the installed
   ``plotly`` package into ``_build/html/_static/`` and loads it (in ``<head>``,
   blocking) on every page, so the inline ``Plotly.newPlot(...)`` scripts that
-  ``kestrel.plots.show`` writes into notebook outputs find ``window.Plotly``.
+  ``kestrel.lab.plots.show`` writes into notebook outputs find ``window.Plotly``.
   The plotly.js copy therefore always matches the Python package that made the
   figure JSON.
 * MathJax: the book uses MathJax 2.7 from a local copy (Debian ``libjs-mathjax``

@@ -13,7 +13,7 @@ cache.py are importable without CuPy; the rest is imported when a CUDA backend i
 
 
 def __getattr__(name):
-    if name in ("CUDABackend", "pdl_selftest"):
+    if name == "CUDABackend":
         from . import backend
         return getattr(backend, name)
     raise AttributeError(name)

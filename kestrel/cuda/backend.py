@@ -24,9 +24,9 @@ from ..ops import gdn as _gdn
 from ..ops import head as _head
 from ..ops import linear as _linear
 from ..ops import rope as _rope
-from ..program import expected_shapes, stacks
+from ..program import expected_shapes, param_count, stacks
 from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
-from . import launch as L
+from .. import nvrtc as L
 from .lower import lower
 from .cache import GRAPH_MAX_ROWS, PlanCache
 from .plan import Staging
@@ -282,18 +282,19 @@ class CUDABackend:
         return toks, hs
 
     # ---- random weights drawn on the device ------------------------------------------------
-    def random_model(self, cfg: Config, seed: int = 0, dtype: str = "fp32", gpu_draw: bool | None = None):
-        """A Model with random weights of kestrel.weights.random_weights' families.
+    def random_weights(self, cfg: Config, seed: int = 0, dtype: str = "fp32", gpu_draw: bool | None = None):
+        """(tensors, stacks, source): random weights of kestrel.weights.random_weights' families,
+        for kestrel.load to build the Model from (Model(..., stacks=stacks)).
 
         Small configs (below GPU_DRAW_MIN_PARAMS, unless gpu_draw=True) draw on the host with
         random_weights itself, so the weights equal the CPU backend's bit for bit. Large ones
         draw the projection matrices on the GPU (cuRAND normal, scaled, rounded to bf16 in
-        place), straight into their stacks: the same distributions, not the same numbers."""
-        from ..model import Model   # noqa: PLC0415 (import cycle)
+        place), straight into their stacks (the tensors are row views of them): the same
+        distributions, not the same numbers."""
         if gpu_draw is None:
-            gpu_draw = cfg.param_count() >= GPU_DRAW_MIN_PARAMS
+            gpu_draw = param_count(cfg) >= GPU_DRAW_MIN_PARAMS
         if not gpu_draw:
-            return Model(cfg, random_weights(cfg, seed), self, source=f"random(seed={seed})", weight_dtype=dtype)
+            return random_weights(cfg, seed), {}, f"random(seed={seed})"
         rs = cp.random.RandomState(seed)
         rng = np.random.default_rng(seed)
         shapes = expected_shapes(cfg)
@@ -319,9 +320,7 @@ class CUDABackend:
                     tensors[n] = buf
                 else:
                     tensors[n] = cp.asarray(random_tensor(n, shape, rng))
-        model = Model(cfg, tensors, self, source=f"random-gpu(seed={seed})", weight_dtype=dtype)
-        model._drawn_stacks = drawn
-        return model
+        return tensors, drawn, f"random-gpu(seed={seed})"
 
     def _fill_normal(self, rs, out, scale: float, chunk: int = 1 << 26):
         flat = out.reshape(-1)
@@ -333,34 +332,3 @@ class CUDABackend:
                 self.to_bf16(t, scale, flat[s:e])
             else:
                 cp.multiply(t, np.float32(scale), out=flat[s:e])
-
-
-def pdl_selftest(steps: int = 6) -> bool:
-    """True when graphs captured with programmatic dependent launch give the same bits as graphs
-    without it (test-a shape, fp32 and bf16; prefill, steps, step_m, a checkpointed verify, MTP).
-    Run it in a child process first: a driver that mishandles the launch could take the process."""
-    from ..config import PRESETS
-    from ..engine import Engine
-    from ..model import Model
-    cfg = PRESETS["test-a"]
-    t = random_weights(cfg, 21)
-    outs = []
-    for pdl in (False, True):
-        be = CUDABackend(pdl=pdl)
-        for dtype in ("fp32", "bf16"):
-            m = Model(cfg, t, be, weight_dtype=dtype)
-            e = Engine(m, max_seq=64, mmax=3)
-            s = e.prefill([1, 2, 3, 4, 5])
-            r = [s.logits]
-            for i in range(steps):
-                r.append(e.step(e.cursor, (7 * i) % cfg.vocab_size).logits)
-            for _ in range(3):
-                r.append(e.step_m(e.cursor, [3, 1, 4]).logits)
-                r.append(e.verify_checkpointed(e.cursor, [1, 5, 9]).logits)
-                e.select_checkpoint(2)
-                r.append(e.mtp_step(e.mtp_cursor, 6, s.hidden[0]).logits)
-            outs.append([x.get() for x in r])
-        if pdl and (be.stats["pdl_graphs"] == 0 or be.stats["graph_errors"]):
-            return False
-    n = len(outs) // 2
-    return all(np.array_equal(a, b) for x, y in zip(outs[:n], outs[n:]) for a, b in zip(x, y))

@@ -24,7 +24,7 @@ from ..ops import head as _head
 from ..ops import linear as _linear
 from ..ops import mlp as _mlp
 from ..ops import norm as _norm
-from . import launch as L
+from .. import nvrtc as L
 from .cache import GRAPH_MAX_ROWS
 from .plan import Plan
 

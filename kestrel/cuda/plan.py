@@ -11,7 +11,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-from . import launch as L
+from .. import nvrtc as L
 from .pdl import driver as pdl_driver
 
 

@@ -10,13 +10,14 @@ Rows at or past the cursor are never read. Each row is computed by the same call
 """
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
 from . import norm as _norm
 from . import rope as _rope
 
 KV_APPEND_THREADS = 128
 ATTN_DECODE_THREADS = 256
 CUDA_DEFINES = {"KV_APPEND_THREADS": KV_APPEND_THREADS, "ATTN_DECODE_THREADS": ATTN_DECODE_THREADS}
+L.register("attention", CUDA_DEFINES)
 
 
 def split_in_proj(ain: np.ndarray, nh: int, nkv: int, hd: int):

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
+from ..program import GDN_MODES
 from .norm import gated_rmsnorm, sigmoid, silu
 
 L2_EPS = np.float32(1e-6)       # inside l2norm's square root (q and k)
@@ -34,12 +35,12 @@ GDN_RECUR_VARIANTS = ("cluster", "regs", "smem")
 GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "cluster")
 if GDN_RECUR not in GDN_RECUR_VARIANTS:
     raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
-GDN_MODES = {"in_place": 0, "checkpoint": 1, "cache": 2}   # what a call does with the state: kestrel/program.py
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
                 "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_RECUR_REGS_DK": GDN_RECUR_REGS_DK,
                 "GDN_RECUR_REGS_DV": GDN_RECUR_REGS_DV, "GDN_CLUSTER": GDN_CLUSTER,
                 "GDN_CLUSTER_THREADS": GDN_CLUSTER_THREADS, "GDN_RECUR_ROWS": GDN_RECUR_ROWS, "GDN_IN_PLACE": GDN_MODES["in_place"],
                 "GDN_CHECKPOINT": GDN_MODES["checkpoint"], "GDN_CACHE": GDN_MODES["cache"]}
+L.register("gdn", CUDA_DEFINES)
 
 
 @dataclass

@@ -6,12 +6,13 @@ and launchers of kernels/head.cu; the host bf16 rounding is f32_to_bf16 in kestr
 """
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
 
 EMBED_THREADS = 256
 ARGMAX_THREADS = 1024
 BF16_THREADS = 256
 CUDA_DEFINES = {"EMBED_THREADS": EMBED_THREADS, "ARGMAX_THREADS": ARGMAX_THREADS, "BF16_THREADS": BF16_THREADS}
+L.register("head", CUDA_DEFINES)
 
 
 def embed(table: np.ndarray, tokens) -> np.ndarray:

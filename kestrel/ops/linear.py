@@ -33,7 +33,7 @@ import os
 
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
 
 ROWS = 8                # one fixed CPU GEMM shape; >= any verify width kestrel uses (k <= 8)
 LINEAR_THREADS = 128    # 4 warps a block
@@ -77,6 +77,7 @@ CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
                 "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
                 "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB),
                 "GEMV_TMR_VARIANTS": " ".join(f"GEMV_TMR({t},{p})" for t, p in TMR_SHAPES)}
+L.register("linear", CUDA_DEFINES)
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
 BF16_GEMVS = ("fma", "tensor", "tmb")

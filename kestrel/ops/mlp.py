@@ -1,10 +1,11 @@
 """SwiGLU MLP core: silu(gate) * up (NumPy twin and launcher of kernels/mlp.cu; the
 projections are ops.linear, whose "swiglu" epilogue computes the same formula)."""
-from ..cuda import launch as L
+from .. import nvrtc as L
 from .norm import silu
 
 MLP_THREADS = 256
 CUDA_DEFINES = {"MLP_THREADS": MLP_THREADS}
+L.register("mlp", CUDA_DEFINES)
 
 
 def swiglu(gate, up):

@@ -5,11 +5,12 @@ GDN uses a plain w: w * rmsnorm(o) * silu(z) (its kernel is part of kernels/gdn.
 All in float32, reduced over the last axis, one row at a time in effect."""
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
 
 NORM_THREADS = 256
 NORM_PER = 32          # elements a thread keeps in registers: rows up to NORM_PER * NORM_THREADS
 CUDA_DEFINES = {"NORM_THREADS": NORM_THREADS, "NORM_PER": NORM_PER}
+L.register("norm", CUDA_DEFINES)
 
 
 def silu(x: np.ndarray) -> np.ndarray:

@@ -1,9 +1,9 @@
 """The streaming-read floor: how fast this device reads memory once (launcher and NumPy twin of
-kernels/stream_read.cu). Not a model op: benchmarks and kestrel.spec.sweep time it, and a decode
+kernels/stream_read.cu). Not a model op: benchmarks and kestrel.lab.sweep time it, and a decode
 step's weight bytes divided by its bandwidth is the floor the step is measured against."""
 import numpy as np
 
-from ..cuda import launch as L
+from .. import nvrtc as L
 
 UNROLLS = (4, 8)
 # (UNROLL loads in flight, blocks per multiprocessor, threads a block): the shapes timed; the

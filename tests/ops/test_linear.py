@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gpu import F32, dev, finite, go, host, needs_gpu, rel
-from kestrel.cuda import launch as L
+from kestrel import nvrtc as L
 from kestrel.ops import linear, mlp
 from kestrel.weights import bf16_to_f32, f32_to_bf16
 

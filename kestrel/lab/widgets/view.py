@@ -4,7 +4,7 @@ from __future__ import annotations
 
 class FigView:
     """A figure shown live: a plotly FigureWidget when one can be built (plotly >= 6 needs
-    anywidget), else an ipywidgets.Output redrawn through kestrel.plots.show."""
+    anywidget), else an ipywidgets.Output redrawn through kestrel.lab.plots.show."""
 
     force_output = False          # tests flip this to exercise the fallback
 

@@ -1,6 +1,6 @@
 """Where speculation starts to pay: the same round at every model size and k, and a roofline.
 
-    from kestrel.spec import sweep
+    from kestrel.lab import sweep
     d = sweep.size_sweep(["tiny", "qwen3.5-27b"], device="cuda")   # plain dicts, JSON-ready
     d["sizes"][0]["runs"]          # one row per k: median ms/token, speedup, bit_exact, ...
     d["sizes"][0]["roofline"]      # floor, launch cost, measured step and verify(M)
@@ -9,7 +9,7 @@
 
 Each size runs the replay drafter driven by one acceptance profile (default: the article's E16
 profile on the trained pairing, checkpoint policy), so every size sees the same n_ok pattern
-and only the costs differ. Greedy is timed in the same call, as everywhere in kestrel.spec.
+and only the costs differ. Greedy is timed in the same call, as everywhere in kestrel.speculative.
 
 Why size decides. A verify of k rows pays off when it costs about one step, and a draft step
 when it costs a small part of one. A decode step pays two things: it reads every weight once
@@ -35,17 +35,17 @@ import time
 
 import numpy as np
 
-from .. import results
-from ..config import PRESETS
-from ..engine import Engine
-from ..program import expected_shapes, main_program
-from .baseline import greedy_timed
-from .cost import compare, predict
-from .pairing import Pairing
-from .policy import POLICIES, Policy
-from .records import aggregate
-from .schedule import ARTICLE_HIST, E16_PROFILE, Schedule
-from .units import measure_unit_costs
+from . import results
+from kestrel.config import PRESETS
+from kestrel.engine import Engine
+from kestrel.program import expected_shapes, main_program, param_count
+from kestrel.speculative.baseline import greedy_timed
+from kestrel.speculative.cost import compare, predict
+from kestrel.speculative.pairing import Pairing
+from kestrel.speculative.policy import POLICIES, Policy
+from kestrel.speculative.records import aggregate
+from kestrel.speculative.schedule import ARTICLE_HIST, E16_PROFILE, Schedule
+from kestrel.speculative.units import measure_unit_costs
 
 SIZE_PRESETS = ("tiny", "qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")
 QUICK_PRESETS = ("test-a", "test-b")          # CPU stand-ins: the same code path in seconds
@@ -85,8 +85,8 @@ def now() -> str:
 def config_of(preset: str):
     """The Config of a preset name ('tiny': the embedded model's config.json)."""
     if preset == "tiny":
-        from .. import ASSETS
-        from ..config import load_config
+        from kestrel import ASSETS
+        from kestrel.config import load_config
         return load_config(ASSETS / "tiny")
     return PRESETS[preset]
 
@@ -157,8 +157,8 @@ def read_ms(be, nbytes: int, reps: int, warm: int = 2, per_timing: int = 8) -> d
     out = {}
     if getattr(be, "name", "") == "cuda":
         import cupy as cp
-        from ..cuda import launch as L
-        from ..ops import stream_read
+        from kestrel import nvrtc as L
+        from kestrel.ops import stream_read
         sms = be.device_props["sm_count"]
         buf = cp.ones(nbytes // 4, cp.uint32)
         sink = stream_read.out_buffer(sms)
@@ -235,13 +235,13 @@ def launch_cost(sizes: list) -> float:
 # ---- where a size can run -----------------------------------------------------------------------------
 def resident_bytes(preset: str, dtype: str = "bf16") -> int:
     """Bytes of a preset's weights in memory, MTP included (its projection dtype: native_dtype)."""
-    return config_of(preset).param_count() * (2 if native_dtype(preset, dtype) == "bf16" else 4)
+    return param_count(config_of(preset)) * (2 if native_dtype(preset, dtype) == "bf16" else 4)
 
 
 def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
     """(True, why) when this machine's backend is a CUDA GPU whose free memory holds the largest
     of `presets` (weights x headroom, one at a time), else (False, why)."""
-    from ..backend import cuda_available, get_backend
+    from kestrel.backend import cuda_available, get_backend
     if not cuda_available():
         return False, f"no CUDA GPU is visible here; the backend is {get_backend('cpu').device_name}"
     be = get_backend("auto")
@@ -258,7 +258,7 @@ def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
 def runnable(presets, device: str = "auto", dtype: str = "bf16") -> tuple:
     """(the presets this machine's backend runs, [(preset, why not)]): on a GPU, those whose
     weights fit its free memory; on the CPU, those with weights under CPU_WEIGHT_LIMIT."""
-    from ..backend import get_backend
+    from kestrel.backend import get_backend
     be = get_backend(device)
     ok, skipped = [], []
     free = None
@@ -315,7 +315,7 @@ def measure_size(model, *, ks=KS, policy="checkpoint", pairing="trained", profil
                  P: int = 32, repeats: int = 1, reps: int = 5, seed: int = 0, log=_quiet) -> dict:
     """Greedy ms/token, unit costs and run_spec at every k for one loaded model: the replay
     drafter forces `profile` (seeded), greedy is timed in each call and is the reference."""
-    from .driver import run_spec
+    from kestrel.speculative.driver import run_spec
     pol, pr = Policy.parse(policy), Pairing.parse(pairing)
     cfg = model.cfg
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
@@ -343,7 +343,7 @@ def measure_size(model, *, ks=KS, policy="checkpoint", pairing="trained", profil
             f"bit-exact {row['bit_exact']}")
         del eng
     return {"model": cfg.name, "device": device_of(model), "weights": getattr(model, "weight_dtype", "fp32"),
-            "params": cfg.param_count(mtp=False), "T": T, "P": P,
+            "params": param_count(cfg, mtp=False), "T": T, "P": P,
             "greedy_ms_per_token": g_ms / T, "units": units.to_dict(), "runs": rows}
 
 
@@ -357,7 +357,7 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
     Each size: {"preset", "model", "weights", "params", "weight_bytes", "floor_ms",
     "kernels_per_step", "greedy_ms_per_token", "units", "runs": [one row per k], "roofline"}."""
     import kestrel
-    from ..backend import get_backend
+    from kestrel.backend import get_backend
     ks = (k,) if isinstance(k, int) else tuple(k)
     be = get_backend(device)
     if bandwidth:
@@ -381,7 +381,7 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
         sizes.append({"preset": name, **s, "weight_bytes": wb, "floor_ms": wb / bw * 1e3,
                       "kernels_per_step": kernels_per_step(cfg), "seconds": round(time.time() - t0, 1)})
     launch = launch_cost(sizes)
-    from .units import UnitCosts
+    from kestrel.speculative.units import UnitCosts
     for s in sizes:
         s["roofline"] = roofline(config_of(s["preset"]), dtype=native_dtype(s["preset"], dtype), bandwidth=bw,
                                  launch_ms_per_kernel=launch, units=UnitCosts.from_dict(s["units"]))
@@ -432,7 +432,7 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
     the cost model beside it) with ms_per_token and greedy_ms_per_token replaced by their medians
     over the repeats, speedup by greedy / spec of those medians, and ms_per_token_range,
     speedup_range (min, max over the repeats) added."""
-    from .driver import run_spec
+    from kestrel.speculative.driver import run_spec
     cfg = model.cfg
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
     log(f"(b) {model!r} ({model.source}, weights {getattr(model, 'weight_dtype', '?')}): P={P}, T={T}, "
@@ -486,7 +486,7 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
 class Section:
     """A results section and where it came from: `data` in results/bench_spec.json's format,
     `live` (measured just now), `why` (what decided it), `prov` (device, date, command: for
-    kestrel.results.provenance and annotate) and `source`, one line that says all of it."""
+    kestrel.lab.results.provenance and annotate) and `source`, one line that says all of it."""
 
     def __init__(self, data: dict, live: bool, why: str, prov: dict, note: str = ""):
         self.data, self.live, self.why, self.prov, self.note = data, live, why, prov, note
@@ -527,7 +527,7 @@ def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64,
         live = ok
     if live:
         d = size_sweep(presets, T=T, P=P, device="cuda", repeats=repeats, log=log)
-        return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.size_sweep"))
+        return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"))
     sec, prov = _recorded("sweep")
     if sec is not None:
         return Section(sec, False, why, prov)
@@ -536,7 +536,7 @@ def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64,
     d["skipped"] = [{"preset": p, "why": w} for p, w in skipped]
     note = (f"results/bench_spec.json has no sweep yet, so it ran on this machine for "
             f"{', '.join(here)} (T = {fallback_T})")
-    return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.size_sweep"), note)
+    return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"), note)
 
 
 def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64, P: int = 32, repeats: int = 3,
@@ -552,7 +552,7 @@ def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64,
         d = large_runs(model, T=T, P=P, repeats=repeats, log=log)
         del model
         free_device_memory()
-        return Section(d, True, why, _live_prov(d["device"], "kestrel.spec.sweep.large_runs"))
+        return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.large_runs"))
     sec, prov = _recorded("large")
     if sec is None:
         raise FileNotFoundError("results/bench_spec.json has no 'large' section and no GPU here holds "

@@ -1,11 +1,11 @@
-"""kestrel.widgets: live views over kestrel.spec (ipywidgets + plotly) and the plain figures under them.
+"""kestrel.lab.widgets: live views over kestrel.speculative (ipywidgets + plotly) and the plain figures under them.
 
 Everything a widget shows is also a plain function returning a plotly figure, so the static
-book shows the same views without a kernel (display them with ``kestrel.plots.show``; the two
+book shows the same views without a kernel (display them with ``kestrel.lab.plots.show``; the two
 figures with frames, ``replay_frames_figure`` and ``cost_explorer_static``, with
-``kestrel.plots.show_animated``)::
+``kestrel.lab.plots.show_animated``)::
 
-    from kestrel import widgets
+    from kestrel.lab import widgets
     w = widgets.spec_replay()                 # live: choose shape, k, T, start, drafter, policy; Run
     w.app.run()                               # the same, from code (w.app.result: the SpecResult)
     c = widgets.cost_explorer(u)              # live: alpha_1..4, k, unit costs, policy -> predicted speedup
@@ -35,7 +35,7 @@ RunSummary.from_dict) or a spec.Prediction (see runs.py).
 Nothing here imports ipywidgets or plotly at import time (``import kestrel`` never does either):
 the figure functions import plotly, the two widgets ipywidgets, when called. The widgets use a
 plotly ``FigureWidget`` when it can be built (plotly >= 6 needs ``anywidget``); otherwise each
-figure is redrawn into an ``ipywidgets.Output`` through ``kestrel.plots.show``.
+figure is redrawn into an ``ipywidgets.Output`` through ``kestrel.lab.plots.show``.
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ the sequence length, updated in place; attention's KV cache grows by a row per t
 """
 from __future__ import annotations
 
-from .config import PRESETS, Config
+from kestrel.config import PRESETS, Config
+from kestrel.program import param_count
 
 MiB = 2 ** 20
 
@@ -28,8 +29,8 @@ def state_sizes(cfg: Config, seq_len: int = 4096) -> dict:
         "kv_bytes_at_seq": c.kv_bytes_per_token(4) * seq_len,
         "mtp_kv_bytes_per_token": c.kv_bytes_per_token(4, mtp=True) - c.kv_bytes_per_token(4),
         "seq_len": seq_len,
-        "params": c.param_count(mtp=False),
-        "weight_bytes_bf16": 2 * c.param_count(mtp=False),
+        "params": param_count(c, mtp=False),
+        "weight_bytes_bf16": 2 * param_count(c, mtp=False),
     }
 
 

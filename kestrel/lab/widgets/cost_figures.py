@@ -7,8 +7,8 @@ its *equivalent* alpha: the flat alpha with the same expected n_ok at that k
 """
 from __future__ import annotations
 
-from .. import spec
-from ..errors import KestrelError
+from kestrel import speculative as spec
+from kestrel.errors import KestrelError
 from .figures import POLICY_COLORS, compact, layout_fig
 from .frames import add_player
 from .runs import as_runs, as_units, pad_profile
@@ -119,7 +119,7 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
                          title: str | None = None, height: int = 440):
     """Kernel-free twin of cost_explorer: predicted speedup vs k, one line per policy (colour)
     and pairing (dash), with a slider (frames) over the flat acceptance alpha; measured runs as
-    markers (hover: their equivalent alpha). Display with kestrel.plots.show_animated."""
+    markers (hover: their equivalent alpha). Display with kestrel.lab.plots.show_animated."""
     import numpy as np
     u = as_units(unit_costs)
     ks = u.covered_ks(ks)

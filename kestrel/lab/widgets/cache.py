@@ -13,7 +13,7 @@ WARMED: set = set()          # (engine, greedy engine, policy, drafter, pairing)
 def gpu(device: str) -> bool:
     if device == "cpu":
         return False
-    from ..backend import cuda_available
+    from kestrel.backend import cuda_available
     return cuda_available()
 
 

@@ -1,23 +1,36 @@
 """Compiling and launching kestrel's kernels (kernels/*.cu) through CuPy's NVRTC.
 
-A *launch* is a tuple (fn, grid, block, args, smem): the launchers in kestrel/ops build
-them, a plan (kestrel/cuda/plan.py) stores and replays them. CuPy is imported only when a
-kernel is first compiled, so kestrel/ops stays importable without a GPU.
+The bottom of the CUDA side: every op module and the CUDA backend import this one, and it
+imports none of them. A *launch* is a tuple (fn, grid, block, args, smem): the launchers in
+kestrel/ops build them, a plan (kestrel/cuda/plan.py) stores and replays them. CuPy is
+imported only when a kernel is first compiled, so kestrel/ops stays importable without a GPU.
 
 Each kernel file kernels/<op>.cu is compiled with kernels/common.cuh pasted in front and with
 -D macros for every constant that Python must agree with: the block sizes and epsilons that
-kestrel/ops/<op>.py exports as CUDA_DEFINES, and the ctrl block's layout below. A constant is
-thus written once, in Python.
+kestrel/ops/<op>.py registers here (register), and the ctrl block's layout below. A constant
+is thus written once, in Python.
+
+The kernel sources ship with the package: a wheel holds them as kestrel/kernels/ (pyproject.toml
+maps the top-level kernels/ folder there); a checkout reads kernels/ beside kestrel/.
 """
 from __future__ import annotations
 
-import importlib
-import os
 from pathlib import Path
 
 import numpy as np
 
-KERNEL_DIR = Path(os.environ.get("KESTREL_KERNELS", Path(__file__).resolve().parents[2] / "kernels"))
+
+
+def _kernel_dir() -> Path:
+    """Where kernels/*.cu are: the installed package's copy, else the checkout's top-level folder."""
+    here = Path(__file__).resolve().parent
+    for d in (here / "kernels", here.parent / "kernels"):
+        if (d / "common.cuh").is_file():
+            return d
+    return here.parent / "kernels"     # compiling then fails naming this folder
+
+
+KERNEL_DIR = _kernel_dir()
 NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")   # (CuPy adds -ftz=true; without --std it passes c++14)
 SMEM_DEFAULT = 48 * 1024                          # dynamic shared memory a launch gets without opting in
 SMEM_MAX = 227 * 1024                             # the most one block may opt in to (sm_90)
@@ -29,7 +42,6 @@ RED_FLOATS = 32           # shared-memory floats of a block reduction (one per w
 COMMON_DEFINES = {"CTRL_POS": CTRL_POS, "CTRL_SLOT": CTRL_SLOT, "CTRL_TOK": CTRL_TOK, "RED_FLOATS": RED_FLOATS}
 
 POISON = False            # tests: fill every scratch and output buffer with NaN before use
-KSPLIT_BY_K: dict = {}    # benchmarks only: override linear.cu's K-split for a given K
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -53,9 +65,17 @@ def macro(v) -> str:
     return str(int(v))
 
 
+_DEFINES: dict = {}
+
+
+def register(module: str, cuda_defines: dict) -> None:
+    """The -D constants of kernels/<module>.cu, from the op module that launches its kernels."""
+    _DEFINES[module] = dict(cuda_defines)
+
+
 def defines(module: str) -> dict:
     d = dict(COMMON_DEFINES)
-    d.update(getattr(importlib.import_module(f"kestrel.ops.{module}"), "CUDA_DEFINES", {}))
+    d.update(_DEFINES.get(module, {}))
     return d
 
 

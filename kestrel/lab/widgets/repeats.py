@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import spec
+from kestrel import speculative as spec
 from ..plots import Spread
 
 

@@ -251,8 +251,7 @@ def recurrent_bytes(cfg) -> int:
 def cached_row_bytes(cfg) -> int:
     """One row of cached GDN inputs across all GDN layers: the in-projection's output
     [qkv | z | b | a] in fp32 (kestrel.state.DeviceState.gdn_in)."""
-    nv, dv = cfg.lin_num_value_heads, cfg.lin_value_head_dim
-    return len(cfg.gdn_layers) * (cfg.conv_dim + nv * dv + 2 * nv) * 4
+    return len(cfg.gdn_layers) * cfg.gdn_in_width * 4
 
 
 def _rw(read: int, written: int) -> dict:

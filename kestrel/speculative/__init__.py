@@ -1,6 +1,6 @@
-"""kestrel.spec: the speculative round, its policies and drafters, instrumentation, cost model.
+"""kestrel.speculative: the speculative round, its policies and drafters, instrumentation, cost model.
 
-    from kestrel import spec
+    from kestrel import speculative as spec
     r = spec.run_spec(model, prompt, T=64, k=3, policy="checkpoint", drafter="mtp")
     print("\\n".join(r.log_lines()))          # the article's [spec] lines; r.rounds: per-round records
     s = r.summary()                           # RunSummary: histogram, hit rates, ms/token, speedup vs greedy
@@ -18,8 +18,6 @@
              (CursorError), (mark_first=True, mark_mtp_cursor=False) (negative control),
              (feed='article-pairing' | 'stale-hidden') (drafter 'mtp': bit-exact, acceptance collapses)
   acceptance spec.teacher_forced(model, prompt, T=64, depth=4, pairing='trained'|'article') (E16)
-  sizes      spec.size_sweep(presets, k=(1, 2, 3, 4)) (every size, its roofline: launch- or
-             bandwidth-bound), spec.large_runs(model) (the 27B runs of bench_spec); spec.sweep
   costs      u = spec.measure_unit_costs(model); spec.predict(u, policy, pairing, k, hist=|profile=|seq=);
              spec.compare(u, results)  (prediction for the runs' own rounds beside the measurement)
 """
@@ -41,8 +39,6 @@ from .schedule import (ARTICLE_HIST, E16_PROFILE, Schedule, check_hist, check_pr
 from .stats import PHASE_DOC, PHASES, CondHit, NokStats, conditional_hits, histogram, summarize_noks
 from .inputs import check_length, check_size, check_tokens
 from .units import K_VALUES, UnitCosts, check_measurement, edit_units, measure_unit_costs
-from . import sweep
-from .sweep import large_runs, size_sweep
 
 __all__ = [
     # the round
@@ -64,6 +60,4 @@ __all__ = [
     "teacher_forced", "combine", "implied_nok", "Acceptance",
     "UnitCosts", "K_VALUES", "measure_unit_costs", "check_measurement", "check_length", "check_size", "check_tokens", "edit_units", "Prediction", "predict", "predict_result", "compare",
     "round_cost", "mean_nok", "equivalent_alpha",
-    # sizes
-    "sweep", "size_sweep", "large_runs",
 ]

@@ -1,7 +1,7 @@
 """cost_explorer: the cost model, live (ipywidgets; imported when built)."""
 from __future__ import annotations
 
-from .. import spec
+from kestrel import speculative as spec
 from . import cache
 from .cost_figures import cost_surface_figure
 from .figures import phase_figure
@@ -24,7 +24,7 @@ def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, p
     spec.Acceptance, else 'article').
 
     unit_costs: a spec.UnitCosts, its dict, a kestrel Model (measured now), a results name or
-    JSON path (kestrel.results.load_bench: its units, its runs as `measured` unless given, and
+    JSON path (kestrel.lab.results.load_bench: its units, its runs as `measured` unless given, and
     for the end-to-end section its teacher-forced alpha as the profile unless given), or None:
     measured now on the tiny model. measured: SpecResults, RunSummaries or results rows to overlay.
     The returned box has `.app`: app.update(), app.controls, app.units(), app.views.
@@ -45,7 +45,7 @@ def _shown_path(path) -> str:
 class CostExplorer:
     def __init__(self, unit_costs, measured, profile, k, policy, pairing, device):
         import ipywidgets as W
-        from ..model import Model
+        from kestrel.model import Model
         from ..results import load_bench
         source = ""
         pairing = None if pairing is None else spec.Pairing.parse(pairing)

@@ -218,7 +218,7 @@ def device_name(device: Any = None) -> str:
         return os.environ["KESTREL_DEVICE_NAME"]
     if sys.modules.get("cupy") is not None:     # only where CuPy is already in use
         try:
-            from .cuda.launch import device_props
+            from kestrel.nvrtc import device_props
             return device_props()["name"] + " (GPU)"
         except Exception:
             pass
@@ -283,7 +283,7 @@ def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
 
 
 # --------------------------------------------------------------------------- animations
-# Figures with frames (kestrel.widgets.replay_frames_figure, cost_explorer_static): `bundle`
+# Figures with frames (kestrel.lab.widgets.replay_frames_figure, cost_explorer_static): `bundle`
 # keeps their frames and does not auto-play, so `show` serves them too.
 animated_bundle = bundle
 show_animated = show

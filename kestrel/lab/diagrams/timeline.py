@@ -20,8 +20,8 @@ PHASE_LABELS = {
 
 def _segments(policy, pairing, k: int, n: int, u) -> list:
     """[(phase, label, ms)] of one round in time order; the ms add up to spec.round_cost."""
-    from ..spec.schedule import advance
-    from ..spec.cost import round_cost
+    from kestrel.speculative.schedule import advance
+    from kestrel.speculative.cost import round_cost
     c = policy.cost(u, k, n)
     total = round_cost(u, policy, pairing, k, n)
     seg = []
@@ -67,7 +67,7 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
 
 
 def _check_priced(policy, u, k: int, measured: bool):
-    from ..spec import SpecArgumentError
+    from kestrel.speculative import SpecArgumentError
     if not policy.priced_by(u):
         raise DiagramError(f"these unit costs did not measure the {policy.name} policy's calls (verify_cached, "
                            f"fold_cached): measure them again with spec.measure_unit_costs")
@@ -145,7 +145,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
 
 
 def _greedy_row(n: int, u) -> tuple:
-    from ..spec.schedule import advance
+    from kestrel.speculative.schedule import advance
     adv = advance(n)
     return ("greedy", [("greedy", f"step {j + 1}", u.greedy_ms_per_token) for j in range(adv)])
 

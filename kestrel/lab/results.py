@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def load(name: str) -> dict:
@@ -108,8 +108,8 @@ def load_bench(source="bench_spec", section: str | None = None) -> SpecBench:
     source: a results name ('bench_spec' -> results/bench_spec.json), a path to such a JSON, or
     the loaded dict. section: 'large' (the real shape, histogram replay) or 'tiny' (end to
     end); default 'large' if present, else 'tiny'."""
-    from . import spec
-    from .errors import KestrelError
+    from kestrel import speculative as spec
+    from kestrel.errors import KestrelError
     path = None
     if isinstance(source, dict):
         d = source

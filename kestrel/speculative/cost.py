@@ -25,6 +25,7 @@ from .policy import POLICIES, Policy, recurrent_bytes
 from .schedule import advance, check_hist, check_sequence, nok_distribution, parse_profile
 from .stats import PHASES
 from .units import UnitCosts
+from ..program import param_count
 
 
 @dataclass
@@ -204,7 +205,7 @@ def serving_projection(cfg, k: int, n: float, batches=(1, 4, 16, 64, 256), conte
     memory = weights + B x (live recurrent state + what the policy keeps + KV cache of L tokens)
     bytes  = weights once + B x (recurrent-state traffic of the round + KV cache read once per row)
     """
-    w = weight_bytes if weight_bytes is not None else 2 * cfg.param_count(mtp=False)
+    w = weight_bytes if weight_bytes is not None else 2 * param_count(cfg, mtp=False)
     lo, f = int(n), n - int(n)
     rows = []
     for pol in POLICIES.values():

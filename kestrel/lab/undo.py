@@ -2,7 +2,7 @@
 moves, the time it takes (measured, with repeats), where each wins (a projection of the byte
 formulas) and the bit-exact matrix of the input cache.
 
-    from kestrel import undo
+    from kestrel.lab import undo
     print(undo.table(undo.storage_rows({"tiny": model.cfg, "qwen3.5-27b": preset}, k=3)))
     t = undo.time_policies(model, starts, T=32, k=3, repeats=5)      # median and range per policy
     show(undo.timing_figure(t))
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import spec
+from kestrel import speculative as spec
 from .diagrams.common import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
+from kestrel.program import param_count
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
            "bit_exact_matrix", "gpu_holds", "large_comparison", "large_table", "projection_figure",
@@ -153,7 +154,7 @@ def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", sche
     repeat's own rounds (spec.compare). reference: {start index: greedy stream} to skip the
     greedy baseline (then no speedup). Engines are reused, and each policy runs once untimed
     first, so that a GPU backend's captured plans are not timed."""
-    from .engine import Engine
+    from kestrel.engine import Engine
     toks = [s[1] if isinstance(s, tuple) else s for s in starts]
     if not toks:
         raise spec.SpecArgumentError("time_policies: no starts")
@@ -236,7 +237,7 @@ def bit_exact_matrix(model, starts, *, T: int = 32, ks=(1, 2, 3, 4), drafters=("
     once per start, independently of the run) for every drafter x k x start. The replay drafter
     replays the article's E16 profile on the trained pairing, one seed per start.
     -> {(drafter, k, start index): memcmp value}."""
-    from .engine import generate
+    from kestrel.engine import generate
     toks = [s[1] if isinstance(s, tuple) else s for s in starts]
     greedy = [generate(model, t, T) for t in toks]
     out = {}
@@ -258,13 +259,13 @@ LARGE_SCHEDULES = (("article histogram", 3, {"hist": spec.ARTICLE_HIST}, "articl
 def gpu_holds(preset: str = LARGE, dtype: str = "bf16", headroom: float = 1.25) -> tuple:
     """(True, why) when CuPy sees a GPU whose free memory holds the preset's weights (and
     `headroom` for states, caches and plans), else (False, why)."""
-    from .backend import cuda_available
-    from .config import PRESETS
+    from kestrel.backend import cuda_available
+    from kestrel.config import PRESETS
     if not cuda_available():
         return False, "no CUDA GPU is visible here"
     import cupy
     free, total = cupy.cuda.runtime.memGetInfo()
-    need = PRESETS[preset].param_count() * (2 if dtype == "bf16" else 4) * headroom
+    need = param_count(PRESETS[preset]) * (2 if dtype == "bf16" else 4) * headroom
     if free < need:
         return False, f"the GPU has {free / 2**30:.0f} GiB free; {preset} in {dtype} needs about {need / 2**30:.0f} GiB"
     return True, f"the GPU has {free / 2**30:.0f} GiB free of {total / 2**30:.0f} GiB"
@@ -289,7 +290,7 @@ def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repe
     live=None: run live when a GPU holds the model (gpu_holds), else read results/bench_spec.json.
     -> {"live", "source" (a provenance line), "why", "rows": [{schedule, pairing, policy, ms (median,
     lo, hi), speedup (median, lo, hi), greedy, bit_exact, state_per_token}], "missing": [...]}"""
-    from .config import PRESETS
+    from kestrel.config import PRESETS
     cfg = PRESETS[LARGE]
     ok, why = gpu_holds()
     live = ok if live is None else live
@@ -382,7 +383,7 @@ def projection_rows(cfg, k: int = 3, n: float | None = None, batches=(1, 4, 16, 
                     contexts=(4096, 32768, 131072)) -> list:
     """spec.cost.serving_projection for B sequences at context L (n: the mean n_ok, default the
     E16 profile's on the trained pairing). A projection of the formulas, not a measurement."""
-    from .spec.cost import serving_projection
+    from kestrel.speculative.cost import serving_projection
     n = spec.mean_nok(spec.E16_PROFILE, k, "trained") if n is None else n
     return serving_projection(cfg, k, n, batches=batches, contexts=contexts)
 
@@ -426,7 +427,7 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
             fig.add_scatter(x=[r["batch"] for r in rs], y=[r["state_bytes"] / 1e9 for r in rs], mode="lines+markers",
                             name=f"{pol} ({WAYS[pol]})", line=dict(color=_policy_color(pol), width=2.5),
                             marker=dict(size=5), hovertemplate="B=%{x}: %{y:.2f} GB<extra>" + pol + "</extra>")
-        w = 2 * cfg.param_count(mtp=False)             # bf16 weights, as serving_projection counts them
+        w = 2 * param_count(cfg, mtp=False)             # bf16 weights, as serving_projection counts them
         fig.add_scatter(x=[batches[0], batches[-1]], y=[w / 1e9] * 2, mode="lines", name="the weights, read once a round",
                         line=dict(color="#555", dash="dot"))
         fig.update_yaxes(type="log", dtick=1, title="state GB moved a round")
@@ -444,7 +445,7 @@ def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 13107
     memory - the weights) // one sequence's memory (live state + what the policy keeps + its KV
     cache), from the same formulas as projection_rows. A projection, not a measurement."""
     rows = projection_rows(cfg, k, None, batches=(1,), contexts=contexts)
-    w = 2 * cfg.param_count(mtp=False)
+    w = 2 * param_count(cfg, mtp=False)
     out = []
     for pol in ("replay", "checkpoint", "input-cache"):
         row = {"way": WAYS[pol].replace(" (M=1)", ""), "policy": pol}
@@ -495,7 +496,7 @@ def fold_matches_steps(model, prompt, drafts, n: int) -> dict:
     """verify_cached(drafts) + fold_cached(n) on one engine, n plain steps of drafts[:n] on
     another: is the live GDN state (S and conv window), every visible KV row and the cursor the
     same, bit for bit? -> {"S": bool, "conv": bool, "kv": bool, "cursor": bool}."""
-    from .engine import Engine
+    from kestrel.engine import Engine
     need = len(prompt) + len(drafts) + 2
     a = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")
     b = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")

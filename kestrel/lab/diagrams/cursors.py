@@ -14,7 +14,7 @@ def _mtp_rows(pairing, k: int, n: int, m0: int, p: int):
     """The MTP slot through a round: (rows the draft writes {row: input token}, cursor after the
     draft, cursor after the sync, rows after the sync {row: (token, how)}: how is "kept" or
     "held" (the trained pairing's rows the next chain rewrites in its first pass))."""
-    from ..spec.schedule import advance
+    from kestrel.speculative.schedule import advance
     adv = advance(n)
     if pairing.offset == 0:                     # article: row m0+j holds (d_j or t_p, h)
         drafted = {m0 + j: ("t_p" if j == 0 else f"d{j}") for j in range(k)}
@@ -53,7 +53,7 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     k = _int(k, "k", 1, K_MAX)
     n = _n_ok(n_ok, k, pr)
     m0 = pos - 1 if mtp_cursor is None else _int(mtp_cursor, "mtp_cursor", 0, pos + 4 * K_MAX)
-    from ..spec.schedule import advance
+    from kestrel.speculative.schedule import advance
     adv = advance(n)
     after = pos + adv
     drafted, m_draft, m_after, m_kept = _mtp_rows(pr, k, n, m0, pos - 1)

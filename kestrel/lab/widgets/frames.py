@@ -1,7 +1,7 @@
 """Figures with frames (a slider and a play button) that step in static HTML too."""
 from __future__ import annotations
 
-from .. import spec
+from kestrel import speculative as spec
 from .figures import PHASE_COLORS, compact
 from .runs import drafter_short
 
@@ -37,7 +37,7 @@ def replay_frames_figure(result, *, title: str | None = None, height: int = 460,
     slider and a play button (plotly frames, so it steps in static HTML too). Left: the n_ok
     histogram so far (with the replay drafter's requested values). Right: ms per emitted token
     so far, stacked by phase, beside greedy's (timed in the same run). The last frame adds the
-    strict tail, if any. Opens on the final state. Display with kestrel.plots.show_animated."""
+    strict tail, if any. Opens on the final state. Display with kestrel.lab.plots.show_animated."""
     from plotly.subplots import make_subplots
     rounds = list(result.rounds)
     k = result.k

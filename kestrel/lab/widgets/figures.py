@@ -2,10 +2,10 @@
 Each returns a plotly figure (plotly is imported when one is drawn)."""
 from __future__ import annotations
 
-from .. import spec
-from ..errors import KestrelError
+from kestrel import speculative as spec
+from kestrel.errors import KestrelError
 from ..plots import ms_label
-from ..spec.schedule import is_int
+from kestrel.speculative.schedule import is_int
 from .runs import as_runs, hist_item, run_label
 
 PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",

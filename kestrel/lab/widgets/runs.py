@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import spec
-from ..errors import KestrelError
+from kestrel import speculative as spec
+from kestrel.errors import KestrelError
 
 
 @dataclass

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import math
 
-from ..errors import KestrelError
-from ..inputs import is_int
-from ..ops.linear import ROWS
-from ..spec.policy import POLICIES
+from kestrel.errors import KestrelError
+from kestrel.inputs import is_int
+from kestrel.ops.linear import ROWS
+from kestrel.speculative.policy import POLICIES
 
 POLICY_NAMES = tuple(POLICIES)     # every policy the driver knows, in its order
 K_MAX = ROWS                        # the widest verify the engine runs (mmax <= ROWS)
@@ -27,7 +27,7 @@ def _int(x, name: str, lo: int, hi: int | None = None) -> int:
 
 
 def _policy(policy):
-    from ..spec import Policy
+    from kestrel.speculative import Policy
     name = getattr(policy, "name", policy)
     if name not in POLICY_NAMES:
         raise DiagramError(f"unknown policy {policy!r}; known: {POLICY_NAMES}")
@@ -35,7 +35,7 @@ def _policy(policy):
 
 
 def _pairing(pairing):
-    from ..spec import Pairing
+    from kestrel.speculative import Pairing
     try:
         return Pairing.parse(pairing)
     except KestrelError as e:
@@ -56,7 +56,7 @@ def _n_ok(n_ok, k: int, pairing, allow_none: bool = False):
 
 def _units(unit_costs):
     """-> (UnitCosts, measured?)"""
-    from ..spec import UnitCosts
+    from kestrel.speculative import UnitCosts
     if unit_costs is None:
         return _schematic_units(), False
     if isinstance(unit_costs, UnitCosts):
@@ -72,7 +72,7 @@ def _units(unit_costs):
 def _schematic_units():
     """Unit costs in units of one M=1 step, shaped like a bandwidth-bound device (a batch of M rows
     costs a little more than one row, a draft step a third of a step). For pictures only."""
-    from ..spec import UnitCosts
+    from kestrel.speculative import UnitCosts
     ms = range(1, K_MAX + 1)
     batch = {m: 1.0 + 0.12 * (m - 1) for m in ms}
     return UnitCosts(step=1.0, step_m=batch, ckpt={m: 1.03 * v for m, v in batch.items()},
@@ -102,7 +102,7 @@ def _fmt_bytes(n: float) -> str:
 
 def legend_below(fig, legend_px: int, axis_px: int = 50, *, left: int | None = None, right: int = 20):
     """Put the legend (horizontal) under the plot, anchored to the figure's bottom edge rather than
-    to the plot area, leaving room below it for a provenance strip (kestrel.plots adds one there
+    to the plot area, leaving room below it for a provenance strip (kestrel.lab.plots adds one there
     later, which shrinks the plot but cannot move the legend onto it)."""
     h = fig.layout.height or 420
     reserve = 44                                     # the provenance strip, one or two lines

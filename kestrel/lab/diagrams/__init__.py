@@ -1,17 +1,17 @@
 """Diagrams of the mechanism, drawn by code: one speculative round as a timeline per policy, the
 GDN state ring with the slots a verify writes and the one a round keeps, and the KV cursors
 beside the MTP head's own slot. Each function returns a plotly figure; show it with
-``kestrel.plots.show`` (offline, like every figure of the book)::
+``kestrel.lab.plots.show`` (offline, like every figure of the book)::
 
-    from kestrel import diagrams
-    from kestrel.plots import show
+    from kestrel.lab import diagrams
+    from kestrel.lab.plots import show
     show(diagrams.round_timeline("replay", k=3, n_ok=1))          # schematic lengths
     show(diagrams.round_timelines(k=3, n_ok=2, unit_costs=u))     # lengths from measured UnitCosts
     show(diagrams.state_ring(nslots=4, live=0, k=3, n_ok=1))      # slot live+1+j per row, keep live+n_ok
     show(diagrams.state_ring(k=3, n_ok=1, policy="input-cache", cfg=model.cfg))   # bytes to scale
     show(diagrams.cursors(pos=12, k=3, n_ok=1))                   # cursor lands on pos+max(n_ok, 1)
 
-The numbers drawn are the engine's own rules (kestrel/engine.py, kestrel/spec/): a checkpointed
+The numbers drawn are the engine's own rules (kestrel/engine.py, kestrel/speculative/): a checkpointed
 verify writes row j's state into slot (live + 1 + j) mod nslots and accepting n_ok makes slot
 (live + n_ok) mod nslots live; a verify at the cursor pos appends rows pos..pos+k-1 and the round
 leaves the cursor at pos + max(n_ok, 1) (n_ok = 0 still consumes a_p); the MTP cursor starts the

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import time
 
-from .. import spec
-from ..spec.records import phase_totals
+from kestrel import speculative as spec
+from kestrel.speculative.records import phase_totals
 from . import cache
 from .figures import hist_figure, phase_figure, round_figure
 from .runs import hist_item

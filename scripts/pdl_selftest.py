@@ -1,0 +1,50 @@
+"""Programmatic dependent launch, checked: graphs captured with it must give the same bits as
+graphs without it. Exits 0 when they do, 1 when they do not (the GPU check then turns PDL off).
+
+    python3 scripts/pdl_selftest.py
+
+Run it in a child process of whatever uses the answer: a driver that mishandles the launch could
+take the process with it."""
+import sys
+
+import numpy as np
+
+from kestrel.config import PRESETS
+from kestrel.cuda import CUDABackend
+from kestrel.engine import Engine
+from kestrel.model import Model
+from kestrel.weights import random_weights
+
+
+def pdl_selftest(steps: int = 6) -> bool:
+    """True when graphs captured with programmatic dependent launch give the same bits as graphs
+    without it (test-a shape, fp32 and bf16; prefill, steps, step_m, a checkpointed verify, MTP).
+    Run it in a child process first: a driver that mishandles the launch could take the process."""
+    cfg = PRESETS["test-a"]
+    t = random_weights(cfg, 21)
+    outs = []
+    for pdl in (False, True):
+        be = CUDABackend(pdl=pdl)
+        for dtype in ("fp32", "bf16"):
+            m = Model(cfg, t, be, weight_dtype=dtype)
+            e = Engine(m, max_seq=64, mmax=3)
+            s = e.prefill([1, 2, 3, 4, 5])
+            r = [s.logits]
+            for i in range(steps):
+                r.append(e.step(e.cursor, (7 * i) % cfg.vocab_size).logits)
+            for _ in range(3):
+                r.append(e.step_m(e.cursor, [3, 1, 4]).logits)
+                r.append(e.verify_checkpointed(e.cursor, [1, 5, 9]).logits)
+                e.select_checkpoint(2)
+                r.append(e.mtp_step(e.mtp_cursor, 6, s.hidden[0]).logits)
+            outs.append([x.get() for x in r])
+        if pdl and (be.stats["pdl_graphs"] == 0 or be.stats["graph_errors"]):
+            return False
+    n = len(outs) // 2
+    return all(np.array_equal(a, b) for x, y in zip(outs[:n], outs[n:]) for a, b in zip(x, y))
+
+
+if __name__ == "__main__":
+    ok = pdl_selftest()
+    print(f"PDL self-test: {'same bits with and without PDL' if ok else 'FAILED'}")
+    sys.exit(0 if ok else 1)
