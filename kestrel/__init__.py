@@ -27,7 +27,7 @@ __all__ = ["load", "Engine", "Step", "Draft", "DraftFeed", "generate", "to_numpy
            "CheckpointError", "ConfigError", "ByteTokenizer", "from_hf", "starts"]
 
 
-def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: int = 0) -> Model:
+def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: int = 0, kernels=None) -> Model:
     """Load a model.
 
     name_or_path: "tiny" (the embedded checkpoint), a preset name from kestrel.PRESETS
@@ -35,10 +35,12 @@ def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: i
     config.json + *.safetensors in the Hugging Face layout.
     device: "auto" (CUDA if CuPy sees a GPU, else CPU), "cpu" or "cuda".
     dtype: projection weights "fp32" or "bf16" (norms, gates and all state stay fp32).
+    kernels: which CUDA kernels run (kestrel.cuda.options.KernelOptions or a dict of its fields,
+    e.g. {"gemv": "tmb"}); chosen once, with the backend. None: the defaults.
     """
     if dtype not in WEIGHT_DTYPES:
         raise KestrelError(f"dtype must be one of {WEIGHT_DTYPES}, got {dtype!r}")
-    be = get_backend(device)
+    be = get_backend(device, kernels)
     tok = None
     if isinstance(name_or_path, Config) or (isinstance(name_or_path, str) and name_or_path in PRESETS):
         cfg = name_or_path if isinstance(name_or_path, Config) else PRESETS[name_or_path]

@@ -41,6 +41,7 @@ def _single_threaded_blas():
 class CPUBackend:
     name = "cpu"
     xp = np
+    kernels = None          # one way to compute each op: nothing to choose
 
     def __init__(self):
         self.device_name = f"CPU ({platform.machine()}, NumPy {np.__version__})"
@@ -182,12 +183,16 @@ def cuda_available() -> bool:
         return False
 
 
-def get_backend(device: str = "auto"):
+def get_backend(device: str = "auto", kernels=None):
+    """The backend for `device`; kernels: the CUDA backend's KernelOptions (or a dict of them),
+    refused for the CPU, which has one way to compute each op."""
     if device not in ("auto", "cpu", "cuda"):
         raise DeviceError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda'")
     if device == "cpu" or (device == "auto" and not cuda_available()):
+        if kernels:
+            raise DeviceError(f"kernels={kernels!r}: kernel options choose CUDA kernels; the CPU backend has none")
         return CPUBackend()
     if not cuda_available():
         raise DeviceError("device='cuda' but no CUDA GPU is visible to CuPy (is cupy installed and a GPU present?)")
     from .cuda import CUDABackend  # noqa: PLC0415 (only on GPU machines)
-    return CUDABackend()
+    return CUDABackend(kernels=kernels)

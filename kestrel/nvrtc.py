@@ -83,19 +83,26 @@ _MODULES: dict = {}
 _FUNCS: dict = {}
 
 
+def source_module(key, files, cuda_defines: dict):
+    """cupy.RawModule of the given .cu files (in order, kernels/common.cuh pasted in front), compiled
+    once per process under `key` with cuda_defines as -D macros. kernel() uses it for
+    kernels/<module>.cu; dev/ compiles its variants through it."""
+    mod = _MODULES.get(key)
+    if mod is None:
+        import cupy as cp
+        common = (KERNEL_DIR / "common.cuh").read_text()
+        src = "\n".join(Path(f).read_text() for f in files).replace('#include "common.cuh"', common)
+        opts = NVRTC_OPTIONS + tuple(f"-D{k}={macro(v)}" for k, v in sorted(cuda_defines.items()))
+        mod = _MODULES[key] = cp.RawModule(code=src, options=opts)
+    return mod
+
+
 def kernel(module: str, name: str):
     """cupy.RawKernel `name` from kernels/<module>.cu, compiled once per process."""
     key = (module, name)
     fn = _FUNCS.get(key)
     if fn is None:
-        import cupy as cp
-        mod = _MODULES.get(module)
-        if mod is None:
-            common = (KERNEL_DIR / "common.cuh").read_text()
-            src = (KERNEL_DIR / f"{module}.cu").read_text().replace('#include "common.cuh"', common)
-            opts = NVRTC_OPTIONS + tuple(f"-D{k}={macro(v)}" for k, v in sorted(defines(module).items()))
-            mod = _MODULES[module] = cp.RawModule(code=src, options=opts)
-        fn = _FUNCS[key] = mod.get_function(name)
+        fn = _FUNCS[key] = source_module(module, [KERNEL_DIR / f"{module}.cu"], defines(module)).get_function(name)
     return fn
 
 

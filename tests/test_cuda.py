@@ -28,9 +28,9 @@ from kestrel.weights import random_weights  # noqa: E402
 PRESETS = ["test-a", "test-b"]
 
 
-def models(name, dtype="fp32", seed=5):
+def models(name, dtype="fp32", seed=5, kernels=None):
     cpu = kestrel.load(name, device="cpu", dtype=dtype, seed=seed)
-    gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=seed)
+    gpu = kestrel.load(name, device="cuda", dtype=dtype, seed=seed, kernels=kernels)
     return cpu, gpu
 
 
@@ -346,15 +346,15 @@ def test_tiny_six_starts_on_gpu_match_cpu_and_the_record():
         assert kestrel.generate(cpu, prompt, 64) == g
 
 
-def test_tmb_engine(rng, monkeypatch):
-    """The engine on the tiled-weight tensor-core GEMVs (what KESTREL_BF16_GEMV=tmb selects): its plans
+def test_tmb_engine(rng):
+    """The engine on the tiled-weight tensor-core GEMVs (kernels={"gemv": "tmb"}): its plans
     launch gemv_tmb or gemv_tmr and never the CUDA-core bf16 GEMV, the rows of step_m equal single steps bit for bit, and greedy decoding keeps
     the CPU engine's stream."""
     from kestrel.ops import linear
     if linear._device()["cc"] < 90:
         pytest.skip("gemv_tmb needs bulk copies (sm_90)")
-    monkeypatch.setattr(linear, "BF16_GEMV", "tmb")
-    cpu, gpu = models("test-a", "bf16", seed=4)
+    cpu, gpu = models("test-a", "bf16", seed=4, kernels={"gemv": "tmb"})
+    assert gpu.be.kernels.gemv == "tmb"
     V = cpu.cfg.vocab_size
     prompt = rng.integers(0, V, 6).tolist()
     toks = rng.integers(0, V, 4).tolist()

@@ -12,7 +12,6 @@ reduction orders (tests/test_cuda.py checks it).
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import cupy as cp
@@ -29,6 +28,7 @@ from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
 from .. import nvrtc as L
 from .lower import lower
 from .cache import GRAPH_MAX_ROWS, PlanCache
+from .options import KernelOptions
 from .plan import Staging
 
 GPU_DRAW_MIN_PARAMS = 50_000_000              # random_model draws on the GPU from this size up
@@ -52,7 +52,9 @@ class CUDABackend:
     name = "cuda"
     xp = cp
 
-    def __init__(self, use_graphs: bool = True, stack_projections: bool = True, pdl: bool | None = None):
+    def __init__(self, use_graphs: bool = True, stack_projections: bool = True, kernels=None):
+        """kernels: KernelOptions (or a dict of its fields): which kernels this backend runs."""
+        kernels = KernelOptions.of(kernels)
         self.stream = _stream()
         props = L.device_props()
         name = props["name"]
@@ -61,9 +63,8 @@ class CUDABackend:
                              "memory_bytes": int(props["totalGlobalMem"]), "cc": f"{props['major']}.{props['minor']}"}
         self.use_graphs = use_graphs
         self.stack_projections = stack_projections
-        if pdl is None:       # programmatic dependent launch in graphs: Hopper and newer, KESTREL_PDL=0 to disable
-            pdl = os.environ.get("KESTREL_PDL", "1") != "0" and int(props["major"]) >= 9
-        self.pdl = bool(pdl)
+        self.kernels = kernels.resolved(pdl_supported=int(props["major"]) >= 9)   # PDL: Hopper and newer
+        self.pdl = self.kernels.pdl
         self._staging = Staging(self.stream)
         self._rope = {}
         self._plans = weakref.WeakKeyDictionary()     # model -> PlanCache (cache.py)
@@ -191,7 +192,7 @@ class CUDABackend:
         """The cached plan of (prog, M, gdn_mode, the state's buffers), lowered on first use."""
         if M > GRAPH_MAX_ROWS:
             return lower(self, model, prog, st, M, gdn_mode)
-        key = (prog.name, M, gdn_mode, self.stack_projections, _linear.BF16_GEMV, _gdn.GDN_RECUR,
+        key = (prog.name, M, gdn_mode, self.stack_projections, self.kernels,
                st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))   # kernels chosen
         plans = self.plans(model)
         plan, made = plans.get_or_make(key, lambda: lower(self, model, prog, st, M, gdn_mode))

@@ -62,10 +62,10 @@ def _rmsnorm(c: _Ctx, op):
 
 def _gemv(c: _Ctx, W, X, Y, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0):
     """One projection; under the tiled tensor-core kernel its weights' tiled copy comes along."""
-    tiled = None
-    if _linear.BF16_GEMV == "tmb" and _linear.tmb_eligible(W, K, X, ldx):
+    gemv, tiled = c.be.kernels.gemv, None
+    if gemv == "tmb" and _linear.tmb_eligible(W, K, X, ldx):
         tiled = c.be.tiled(c.model, W, epilogue, half)
-    return _linear.gemv_launch(W, X, Y, c.M, K, ldx, ldy, epilogue, half, tiled=tiled)
+    return _linear.gemv_launch(W, X, Y, c.M, K, ldx, ldy, epilogue, half, gemv=gemv, tiled=tiled)
 
 
 def _linear_op(c: _Ctx, op, dst: str):
@@ -107,7 +107,8 @@ def _gdn_op(c: _Ctx, op, src: str):
                                  c.M, C, K))
     c.P.add(_gdn.gdn_recur_launch(xc, C, gin[:, C:], width, gin[:, C + nvdv:], width, gin[:, C + nvdv + nv:], width,
                                   A_log, dt_bias, norm_w, c.bufs[op.dst], c.ld(op.dst), st.S[0, g], st.S[0].size,
-                                  st.nslots, ck, c.P.ctrl, c.M, sh))
+                                  st.nslots, ck, c.P.ctrl, c.M, sh,
+                                  _gdn.gdn_recur_variant(sh.dk, sh.dv, c.be.kernels.gdn_recur)))
 
 
 def _attention_op(c: _Ctx, op):

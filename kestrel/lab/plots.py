@@ -28,6 +28,8 @@ import platform
 import sys
 from typing import Any
 
+from kestrel import settings
+
 __all__ = ["show", "figure", "stamp", "provenance", "device_name", "table", "Spread", "spread", "repeat",
            "print_wrapped"]
 
@@ -214,8 +216,8 @@ def device_name(device: Any = None) -> str:
         name = getattr(obj, "device_name", None) if obj is not None else None
         if isinstance(name, str) and name:
             return name
-    if os.environ.get("KESTREL_DEVICE_NAME"):
-        return os.environ["KESTREL_DEVICE_NAME"]
+    if settings.get("KESTREL_DEVICE_NAME"):
+        return settings.get("KESTREL_DEVICE_NAME")
     if sys.modules.get("cupy") is not None:     # only where CuPy is already in use
         try:
             from kestrel.nvrtc import device_props

@@ -11,7 +11,6 @@ Rows run one after another (the recurrence is sequential). The state after each 
 either back in place, or - for per-row checkpoints - into its own slot (the row reads the
 previous row's slot), leaving the starting state untouched.
 """
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,13 +27,12 @@ GDN_RECUR_REGS_DK = GDN_RECUR_REGS_DV = 128   # the head dims gdn_recur_regs and
 GDN_CLUSTER = 4                 # gdn_recur_cluster: blocks per value head (a thread-block cluster)
 GDN_CLUSTER_THREADS = 32 * (GDN_RECUR_THREADS // GDN_RECUR_REGS_DV)   # one warp per k-slice of gdn_recur_regs
 GDN_RECUR_ROWS = 8              # gdn_recur_cluster: rows whose inputs are loaded at once
-# The recurrence kernel (A/B timing; all three agree bit for bit): "cluster" and "regs" only for
-# their compiled head dims ("cluster" also only on sm_90 and later), "smem" (gdn_recur) for any;
-# by default gdn_recur_variant takes GDN_RECUR, or the next in this order that can run.
+# The recurrence kernels (all three agree bit for bit, so the choice is speed alone): "cluster" and
+# "regs" only for their compiled head dims ("cluster" also only on sm_90 and later), "smem"
+# (gdn_recur) for any. A backend names the one it prefers (KernelOptions.gdn_recur);
+# gdn_recur_variant takes it, or the next in this order that can run.
 GDN_RECUR_VARIANTS = ("cluster", "regs", "smem")
-GDN_RECUR = os.environ.get("KESTREL_GDN_RECUR", "cluster")
-if GDN_RECUR not in GDN_RECUR_VARIANTS:
-    raise ValueError(f"KESTREL_GDN_RECUR={GDN_RECUR!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
+GDN_RECUR_DEFAULT = "cluster"
 CUDA_DEFINES = {"GDN_L2_EPS": float(L2_EPS), "GDN_CONV_THREADS": GDN_CONV_THREADS, "GDN_CONV_KMAX": GDN_CONV_KMAX,
                 "GDN_RECUR_THREADS": GDN_RECUR_THREADS, "GDN_RECUR_REGS_DK": GDN_RECUR_REGS_DK,
                 "GDN_RECUR_REGS_DV": GDN_RECUR_REGS_DV, "GDN_CLUSTER": GDN_CLUSTER,
@@ -143,18 +141,23 @@ def gdn_recur_runnable(dk: int, dv: int, cc: int | None = None) -> tuple:
     return tuple(v for v in GDN_RECUR_VARIANTS if v != "cluster" or cc >= 90)
 
 
-def gdn_recur_variant(dk: int, dv: int, variant: str | None = None, cc: int | None = None) -> str:
-    """Which recurrence kernel runs heads of dk x dv: `variant` if given (refused where it cannot
-    run: gdn_recur_runnable), else GDN_RECUR, or the first after it that can run here."""
-    if variant is not None and variant not in GDN_RECUR_VARIANTS:
+def gdn_recur_variant(dk: int, dv: int, prefer: str = GDN_RECUR_DEFAULT, cc: int | None = None) -> str:
+    """Which recurrence kernel runs heads of dk x dv: `prefer`, or the first after it in
+    GDN_RECUR_VARIANTS that can run here (gdn_recur_runnable)."""
+    if prefer not in GDN_RECUR_VARIANTS:
+        raise ValueError(f"GDN recurrence variant {prefer!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
+    here = gdn_recur_runnable(dk, dv, cc)
+    return next(v for v in GDN_RECUR_VARIANTS[GDN_RECUR_VARIANTS.index(prefer):] if v in here)
+
+
+def check_gdn_recur_variant(dk: int, dv: int, variant: str, cc: int | None = None) -> str:
+    """`variant` itself, refused where it cannot run heads of dk x dv here."""
+    if variant not in GDN_RECUR_VARIANTS:
         raise ValueError(f"GDN recurrence variant {variant!r}: expected one of {', '.join(GDN_RECUR_VARIANTS)}")
-    if variant not in (None, "smem") and not gdn_recur_in_registers(dk, dv):
+    if variant != "smem" and not gdn_recur_in_registers(dk, dv):
         raise ValueError(f"gdn_recur_{variant} is compiled for dk, dv = {GDN_RECUR_REGS_DK}, "
                          f"{GDN_RECUR_REGS_DV}, not {dk}, {dv}")
-    here = gdn_recur_runnable(dk, dv, cc)
-    if variant is None:
-        return next(v for v in GDN_RECUR_VARIANTS[GDN_RECUR_VARIANTS.index(GDN_RECUR):] if v in here)
-    if variant not in here:
+    if variant not in gdn_recur_runnable(dk, dv, cc):
         cc = L.compute_capability() if cc is None else cc
         raise ValueError(f"gdn_recur_cluster needs thread-block clusters (sm_90 and later); this GPU is sm_{cc}")
     return variant
@@ -184,12 +187,13 @@ def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, m
 
 
 def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
-                     mode: str, ctrl, M, sh: GDNShape, variant: str | None = None):
+                     mode: str, ctrl, M, sh: GDNShape, variant: str):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
     (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read).
-    variant: gdn_recur_variant's choice (tests force each: all three must agree bit for bit)."""
+    variant: the kernel (the engine's: gdn_recur_variant of its backend's preference; tests run
+    each, which must agree bit for bit)."""
     check_cuda_shape(sh)
-    variant = gdn_recur_variant(sh.dk, sh.dv, variant)
+    variant = check_gdn_recur_variant(sh.dk, sh.dv, variant)
     args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
             L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
             L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),

@@ -1,4 +1,4 @@
-"""Dense projection y = x · Wᵀ, batch-invariant (NumPy twin and launcher of kernels/linear.cu).
+"""Dense projection y = x · Wᵀ, batch-invariant (NumPy twin and launchers of kernels/linear.cu).
 
 BLAS picks a different kernel (gemv vs gemm, other blockings) for different M, and a
 different kernel sums in a different order: row j of a 3-row call would then differ in
@@ -7,29 +7,24 @@ exactly ROWS rows (zero padded): one GEMM shape for every call, so a row's resul
 depends on how many rows came with it. On the GPU, kernels/linear.cu sums each row in an
 order fixed by K alone (its header says how).
 
-GPU kernels (kernels/linear.cu): the CUDA-core GEMV ("fma", fp32 FMA, every weight dtype)
-and, for bf16 weights, tensor-core GEMVs: "tensor" (mma.sync with activation rows padded to
-8 columns, x split exactly into three bf16 terms, so its cost and its arithmetic do not depend
-on M) and "tmb" (the same arithmetic on weights stored tiled in fragment order, tmb_tiled; the
-engine keeps one tiled copy per matrix beside the original, CUDABackend.tiled, about the weights'
-size again; sm_90 and later). "tmb" is two kernels with one order, so one set of bits, and
-tmb_kernel picks one per matrix: gemv_tmr, each warp loading its tile's weights straight into
-registers with P KB in flight, where its warps hold the whole matrix at once, and gemv_tmb, fed by
-bulk copies into shared memory, for matrices of many waves (the 27B gate|up, the head).
-BF16_GEMV picks the bf16 one (environment KESTREL_BF16_GEMV); fp32 weights, and bf16
-matrices whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take
-the CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4
-elements / 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; they differ
-from each other in the last bits, so one engine uses one of them throughout.
-The default stays "fma": on the H200 the tensor-core kernels are flat in M, and "tmb" is ahead
-of "fma" from M = 2 or 3, but at M = 1, the decode step, "tmb" takes longer: summed over one 27B
-step, 1.003 times as long on the store-epilogue projections, 1.025 on the residual ones and 1.062
-on gate|up (the per-kernel tables of results/bench_engine_tmb.md and results/bench_engine.md;
-results/bench_projections.md has each 27B shape alone against cuBLAS; results/cuda_notes.md
-the development runs; chapter 7 compares the two engines end to end).
+GPU kernels (kernels/linear.cu), one order per engine option (CUDABackend's KernelOptions.gemv):
+"fma", the CUDA-core GEMV (fp32 FMA, every weight dtype); "tmb", for bf16 weights, tensor cores
+(activation rows padded to 8 columns, x split exactly into three bf16 terms, so its cost and its
+arithmetic do not depend on M) on weights stored tiled in fragment order (tmb_tiled; the engine
+keeps one tiled copy per matrix beside the original, CUDABackend.tiled, about the weights' size
+again; sm_90 and later). "tmb" is two kernels with one order, so one set of bits, and tmb_kernel
+picks one per matrix: gemv_tmr, each warp loading its tile's weights straight into registers,
+where its warps hold the whole matrix at once, and gemv_tmb, fed by bulk copies into shared
+memory, for matrices of many waves (the 27B gate|up, the head). fp32 weights, and bf16 matrices
+whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take the
+CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4 elements /
+16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; "fma" and "tmb" differ
+in the last bits, so one engine uses one of them throughout. Which is faster where is measured
+by scripts/bench_engine.py and scripts/bench_projections.py (results/bench_engine*.md,
+results/bench_projections.md). Kernel variants that no engine option selects (the first
+tensor-core GEMV, shape sweeps) live in dev/ with their harness.
 """
 import importlib
-import os
 
 import numpy as np
 
@@ -42,53 +37,42 @@ LINEAR_THREADS = 128    # 4 warps a block
 # stages, UP 1: widen the weights once for all MT rows), by the widest M they serve: the first
 # entry with M <= its key is used. All of them sum in one order, so the choice changes speed,
 # never bits. MT = M exactly up to 4: a block that holds accumulators for rows it does not have
-# costs registers, hence occupancy (at M = 2 the 4-row shape streamed in_proj 13% slower).
+# costs registers, hence occupancy (results/cuda_notes.md has the sweep behind this table).
 # One table for bf16 and fp32 weights.
 GEMV_FMA = {1: (1, 4, 2, 0), 2: (2, 4, 2, 0), 3: (3, 4, 2, 0), 4: (4, 4, 2, 0), 8: (8, 4, 2, 0)}
-# benchmarks (KESTREL_GEMV_SWEEP=1): these bf16 shapes are compiled too
-GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
-                              | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
+KSPLIT_MIN_K = 4096            # the CUDA-core kernel splits a row's K over 2 warps from this K up
 
 # gemv_tmb: (NW tiles a block, KC k a stage, ST stages). The chain group (TMB_CG k: the mma chains
 # restart and fold into the sum at each group's end) and the K split (tmb_ksplit) fix a row's order;
 # NW, KC (a divisor of TMB_CG) and ST only its speed, so the engine picks a shape by the work
-# (tmb_shape) among TMB_SHAPES, widest first; KESTREL_GEMV_SWEEP=1 compiles TMB_SWEEP too (benchmarks).
+# (tmb_shape) among TMB_SHAPES, widest first.
 TMB_CG = 256
 TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2), (1, 256, 3))
-TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
-             (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_KSPLITS = (1, 2, 3, 4)
-TMB_KSPLIT_BY_K: dict = {}     # benchmarks only: override tmb_ksplit for a given K
+TMB_KSPLIT_MAX_K = 5120        # rows up to this K are one part; longer ones (down, out projections) 3
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
+TMB_FILL = 0.8                 # tmb_shape: the least share of every wave's block slots a shape must fill
 # gemv_tmr: (T tiles = compute warps a block, P 32-k blocks of weights a warp keeps in flight). The
 # same tiled weights, K split and order as gemv_tmb, so the same bits: "tmb" picks one of the two
 # kernels per matrix (tmb_kernel), which changes only the speed.
 TMR_SHAPES = ((8, 8), (4, 8), (2, 8), (8, 4), (4, 4), (2, 4), (1, 8))
 
 
-def _instantiations(kind: str, shapes) -> str:
-    return " ".join(f"{kind}({mt},{rr},{pf},{up})" for mt, rr, pf, up in sorted(set(shapes)))
+def instantiations(kind: str, shapes) -> str:
+    """The kernel instantiation list one -D macro carries: kind(a,b,...) for each shape."""
+    return " ".join(f"{kind}({','.join(str(v) for v in s)})" for s in sorted(set(shapes)))
 
 
-_SWEEP = GEMV_FMA_SWEEP if os.environ.get("KESTREL_GEMV_SWEEP") == "1" else ()
-_TMB = sorted({*TMB_SHAPES, *(TMB_SWEEP if _SWEEP else ())})
 CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
-                "GEMV_VARIANTS_BF16": _instantiations("GEMV_BF16", (*GEMV_FMA.values(), *_SWEEP)),
-                "GEMV_VARIANTS_F32": _instantiations("GEMV_F32", GEMV_FMA.values()),
-                "GEMV_TMB_VARIANTS": " ".join(f"GEMV_TMB({nw},{kc},{st})" for nw, kc, st in _TMB),
-                "GEMV_TMR_VARIANTS": " ".join(f"GEMV_TMR({t},{p})" for t, p in TMR_SHAPES)}
+                "GEMV_VARIANTS_BF16": instantiations("GEMV_BF16", GEMV_FMA.values()),
+                "GEMV_VARIANTS_F32": instantiations("GEMV_F32", GEMV_FMA.values()),
+                "GEMV_TMB_VARIANTS": instantiations("GEMV_TMB", TMB_SHAPES),
+                "GEMV_TMR_VARIANTS": instantiations("GEMV_TMR", TMR_SHAPES)}
 L.register("linear", CUDA_DEFINES)
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
-BF16_GEMVS = ("fma", "tensor", "tmb")
-BF16_GEMV_DEFAULT = "fma"
-BF16_GEMV = os.environ.get("KESTREL_BF16_GEMV", BF16_GEMV_DEFAULT)
-if BF16_GEMV not in BF16_GEMVS:
-    raise ValueError(f"KESTREL_BF16_GEMV={BF16_GEMV!r}: expected one of {BF16_GEMVS}")
-TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))   # tensor-core (RT tiles of 16 rows a warp,
-TC_VARIANT = (1, 4, 2)         # U k-blocks of 32 a super-chunk, ST register stages); the one gemv_launch uses
-TC_KSPLITS = (2, 4, 8)
-TC_KSPLIT_BY_K: dict = {}      # benchmarks only: override the tensor-core K-split for a given K
+GEMVS = ("fma", "tmb")          # the engine's bf16 GEMV options (KernelOptions.gemv)
+GEMV_DEFAULT = "fma"
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -107,52 +91,14 @@ def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def ksplit(K: int) -> int:
     """Warps that share one output row's K range: from K alone, so the order is fixed
-    (chosen by a sweep on the H200, results/cuda_notes.md)."""
-    return L.KSPLIT_BY_K.get(K) or (1 if K < 4096 else 2)
-
-
-def tc_ksplit(K: int) -> int:
-    """Warps that share one tile's K range in the tensor-core kernel: from K alone (so a row's
-    order never depends on N or M; a stacked matrix and its parts agree bit for bit)."""
-    return TC_KSPLIT_BY_K.get(K) or (2 if K <= 2048 else 4)
-
-
-def tc_eligible(W, K: int, X, ldx: int) -> bool:
-    """bf16 weights and activations that the tensor-core kernel can read with 16-byte loads."""
-    ldw = W.strides[0] // W.itemsize
-    return (W.dtype == np.uint16 and K % 8 == 0 and ldw % 8 == 0 and W.data.ptr % 16 == 0
-            and ldx % 4 == 0 and X.data.ptr % 16 == 0)
-
-
-def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                   variant: tuple | None = None, ks: int | None = None):
-    """(fn, grid, block, args, smem) of the tensor-core kernel (bf16 W; see gemv_launch).
-    variant (one of TC_VARIANTS) and ks: benchmarks only (the defaults are the engine's)."""
-    if not tc_eligible(W, K, X, ldx):
-        raise ValueError(f"tensor-core GEMV needs bf16 weights with K and row stride multiples of 8, ldx a "
-                         f"multiple of 4 and 16-byte aligned W and X (dtype {W.dtype}, K {K}, "
-                         f"row stride {W.strides[0] // W.itemsize}, ldx {ldx})")
-    rt, u, st = variant or TC_VARIANT
-    if (rt, u, st) not in TC_VARIANTS:
-        raise ValueError(f"tensor-core GEMV variant {(rt, u, st)} not one of {TC_VARIANTS}")
-    ks = ks or tc_ksplit(K)
-    if ks not in TC_KSPLITS:
-        raise ValueError(f"tensor-core K-split {ks} not one of {TC_KSPLITS}")
-    epi = EPI[epilogue]
-    nout = half if epi == 2 else W.shape[0]
-    tiles = L.cdiv(nout, 8 if epi == 2 else 16)
-    tpb = 1 if ks >= 4 else 4 // ks
-    grid = (L.cdiv(tiles, rt * tpb), L.cdiv(M, 8))
-    fn = L.kernel("linear", f"gemv_tc_k{ks}_r{rt}_u{u}_s{st}_e{epi}")
-    args = (L.ptr(W), L.i32(W.strides[0] // W.itemsize), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout),
-            L.i32(K), L.i32(M), L.i32(half))
-    return fn, grid, (32 * ks * tpb,), args, 0
+    (chosen by a sweep, results/cuda_notes.md)."""
+    return 1 if K < KSPLIT_MIN_K else 2
 
 
 def tmb_ksplit(K: int) -> int:
     """Blocks that share one tile's K range in gemv_tmb and gemv_tmr: from K alone, like tc_ksplit. More parts
     for long rows, whose matrices (the MLP down and attention/GDN out projections) are short."""
-    return TMB_KSPLIT_BY_K.get(K) or (1 if K <= 5120 else 3)
+    return 1 if K <= TMB_KSPLIT_MAX_K else 3
 
 
 def _device() -> dict:
@@ -201,14 +147,14 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
     """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
-    shared by more tiles) whose blocks fill at least 80% of the block slots of every wave, the last
+    shared by more tiles) whose blocks fill at least TMB_FILL of the block slots of every wave, the last
     one included (a last wave of a few blocks runs each alone, with one stage in flight); else the
     shape that fills them best. Bits do not depend on it."""
     def fill(shape):
         slots = _device()["sms"] * max(1, (L.SMEM_MAX + 1024) // (tmb_smem(*shape) + 1024))
         blocks = L.cdiv(tiles, shape[0]) * ks
         return blocks / (L.cdiv(blocks, slots) * slots)
-    return next((s for s in TMB_SHAPES if fill(s) >= 0.8), max(TMB_SHAPES, key=fill))
+    return next((s for s in TMB_SHAPES if fill(s) >= TMB_FILL), max(TMB_SHAPES, key=fill))
 
 
 _TMB_SCRATCH: list = []     # (slots, part, count), each larger than the one before; none is freed
@@ -228,57 +174,46 @@ def tmb_scratch(slots: int = 0):
     return _TMB_SCRATCH[-1][1], _TMB_SCRATCH[-1][2]
 
 
-def _tiled_checks(name: str, W, tiled, X, K: int, ldx: int, epilogue: str, half: int, ks: int | None) -> tuple:
+def _tiled_checks(name: str, W, tiled, X, K: int, ldx: int, epilogue: str, half: int, ks: int) -> int:
     """What gemv_tmb and gemv_tmr both ask of a launch (the same tiled weights and K split):
-    (tiles, ks), or a ValueError naming the problem."""
+    the tile count, or a ValueError naming the problem."""
     if not tmb_eligible(W, K, X, ldx):
         raise ValueError(f"{name} needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
                          f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
-    ks = ks or tmb_ksplit(K)
     if ks not in TMB_KSPLITS or ks > K // 32:
         raise ValueError(f"{name} K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
     T = tmb_tiles(W.shape[0], epilogue, half)
     if tiled.dtype != np.uint16 or tiled.shape != (T * 16, K) or not tiled.flags.c_contiguous:
         raise ValueError(f"{name}: tiled weights {tiled.dtype} {tiled.shape} are not tmb_tiled of this "
                          f"matrix ({T * 16}, {K})")
-    return T, ks
+    return T
 
 
-def _tiled_args(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str, half: int, T: int, ks: int):
-    """Both kernels' arguments, the K-split scratch included (after every check has passed)."""
-    nout = half if EPI[epilogue] == 2 else W.shape[0]
+def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int,
+                  epilogue: str = "store", half: int = 0, fn=None):
+    """(fn, grid, block, args, smem) of gemv_tmb (kind "tmb", shape (NW, KC, ST)) or gemv_tmr
+    ("tmr", (T, P)) split ks ways. The engine's launchers pass its own choice (tmb_kernel,
+    tmb_ksplit); the tests pass every compiled shape and K split to hold them to one set of bits,
+    and dev/ passes kernels it compiled itself (fn)."""
+    name = f"gemv_{kind}"
+    T = _tiled_checks(name, W, tiled, X, K, ldx, epilogue, half, ks)
+    compiled = TMB_SHAPES if kind == "tmb" else TMR_SHAPES
+    if fn is None and tuple(shape) not in compiled:
+        raise ValueError(f"{name} shape {tuple(shape)} not compiled (one of {compiled})")
+    epi = EPI[epilogue]
+    if kind == "tmb":
+        nw, kc, st = shape
+        fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
+        sm, per_block, block = L.smem(fn, tmb_smem(nw, kc, st), name), nw, 32 * nw
+    else:
+        t, p = shape
+        fn = fn or L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
+        sm, per_block, block = 0, t, 32 * (t + 1)
+    nout = half if epi == 2 else W.shape[0]
     part, count = tmb_scratch(ks * L.cdiv(M, 8) * T if ks > 1 else 0)
-    return (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
+    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
             L.i32(ks), L.ptr(part), L.ptr(count))
-
-
-def gemv_tmb_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                    shape: tuple | None = None, ks: int | None = None):
-    """(fn, grid, block, args, smem) of gemv_tmb: W [rows, K] bf16 (for its shape), tiled =
-    tmb_tiled(W, K, epilogue, half), which the caller keeps alive as long as the launch.
-    shape (NW, KC, ST) and ks: benchmarks only (the defaults are the engine's: tmb_shape, tmb_ksplit)."""
-    T, ks = _tiled_checks("gemv_tmb", W, tiled, X, K, ldx, epilogue, half, ks)
-    nw, kc, st = shape or tmb_shape(T, ks)
-    if (nw, kc, st) not in _TMB:
-        raise ValueError(f"gemv_tmb shape {(nw, kc, st)} not compiled (one of {_TMB})")
-    fn = L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{EPI[epilogue]}")
-    sm = L.smem(fn, tmb_smem(nw, kc, st), "gemv_tmb")
-    args = _tiled_args(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, T, ks)
-    return fn, (L.cdiv(T, nw), L.cdiv(M, 8), ks), (32 * nw,), args, sm
-
-
-def gemv_tmr_launch(W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                    shape: tuple | None = None, ks: int | None = None):
-    """(fn, grid, block, args, smem) of gemv_tmr, gemv_tmb's arithmetic with the weights loaded
-    straight into registers: the same arguments and tiled weights as gemv_tmb_launch.
-    shape (T, P) and ks: benchmarks only (defaults: tmr_shape, tmb_ksplit)."""
-    T, ks = _tiled_checks("gemv_tmr", W, tiled, X, K, ldx, epilogue, half, ks)
-    t, p = shape or tmr_shape(T, ks)
-    if (t, p) not in TMR_SHAPES:
-        raise ValueError(f"gemv_tmr shape {(t, p)} not compiled (one of {TMR_SHAPES})")
-    fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")
-    args = _tiled_args(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, T, ks)
-    return fn, (L.cdiv(T, t), L.cdiv(M, 8), ks), (32 * (t + 1),), args, 0
+    return fn, (L.cdiv(T, per_block), L.cdiv(M, 8), ks), (block,), args, sm
 
 
 def tmr_shape(tiles: int, ks: int) -> tuple:
@@ -307,32 +242,37 @@ def fma_shape(M: int) -> tuple:
 
 
 def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                bf16_gemv: str | None = None, fma: tuple | None = None, tiled=None):
+                gemv: str = GEMV_DEFAULT, tiled=None):
     """(fn, grid, block, args, smem) for Y (op)= X · Wᵀ over M rows.
 
     W [N, K] (uint16 bf16 bits or float32, C-contiguous rows), X [M, ldx], Y [M, ldy].
     epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows).
-    bf16_gemv: "fma", "tensor" or "tmb" for bf16 weights (default BF16_GEMV).
-    fma: (MT, RR, PF, UP) of the CUDA-core kernel, benchmarks only (default fma_shape).
+    gemv: the engine's bf16 GEMV, "fma" or "tmb" (its backend's KernelOptions.gemv).
     tiled: tmb_tiled(W, K, epilogue, half), which "tmb" needs (the caller keeps it alive)."""
     bf16 = W.dtype == np.uint16
-    which = bf16_gemv or BF16_GEMV
-    if which not in BF16_GEMVS:
-        raise ValueError(f"bf16_gemv={which!r}: expected one of {BF16_GEMVS}")
-    if bf16 and which == "tensor" and tc_eligible(W, K, X, ldx):
-        return gemv_tc_launch(W, X, Y, M, K, ldx, ldy, epilogue, half)
-    if bf16 and which == "tmb" and tmb_eligible(W, K, X, ldx):
+    if gemv not in GEMVS:
+        raise ValueError(f"gemv={gemv!r}: expected one of {GEMVS}")
+    if bf16 and gemv == "tmb" and tmb_eligible(W, K, X, ldx):
         if tiled is None:
-            raise ValueError("bf16_gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
-        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), tmb_ksplit(K), epilogue)
-        launch = gemv_tmr_launch if kind == "tmr" else gemv_tmb_launch
-        return launch(W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, shape=shape)
+            raise ValueError("gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
+        ks = tmb_ksplit(K)
+        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), ks, epilogue)
+        return _tiled_launch(kind, shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half)
+    return _fma_launch(fma_shape(M), W, X, Y, M, K, ldx, ldy, epilogue, half)
+
+
+def _fma_launch(shape: tuple, W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
+                fn=None, ks: int | None = None):
+    """(fn, grid, block, args, smem) of the CUDA-core GEMV with shape (MT, RR, PF, UP) (the engine's:
+    fma_shape(M)) and K split ks (the engine's: ksplit(K)); fn: a kernel of that shape that dev/
+    compiled itself."""
+    bf16 = W.dtype == np.uint16
     N, ldw = W.shape[0], W.strides[0] // W.itemsize
     v = 8 if bf16 else 4
     vec = v if (K % v == 0 and ldw % v == 0 and ldx % 4 == 0 and W.data.ptr % 16 == 0
                 and X.data.ptr % 16 == 0) else 1
     if vec > 1:
-        mt, rr, pf, up = fma or fma_shape(M)
+        mt, rr, pf, up = shape
         name = f"gemv_{'bf16' if bf16 else 'f32'}_v{vec}_m{mt}_r{rr}_p{pf}_u{up}"
     else:
         mt = 1 if M == 1 else 8
@@ -340,10 +280,10 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
         name = f"gemv_{'bf16' if bf16 else 'f32'}_v1_m{mt}"
     epi = EPI[epilogue]
     rl = rr // 2 if epi == 2 else rr
-    ks = ksplit(K)
+    ks = ks or ksplit(K)
     nout = half if epi == 2 else N
     grid = (L.cdiv(nout, rl * ((LINEAR_THREADS // 32) // ks)), L.cdiv(M, mt))
-    fn = L.kernel("linear", f"{name}_e{epi}")
+    fn = fn if (fn is not None and vec > 1) else L.kernel("linear", f"{name}_e{epi}")
     args = (L.ptr(W), L.i32(ldw), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M),
             L.i32(half), L.i32(ks))
     return fn, grid, (LINEAR_THREADS,), args, 0

@@ -81,7 +81,7 @@ def _kernel(be, sh, d, S_ring, h_ring, slot: int, mode: str, rows=slice(None), v
     go(be, gdn.gdn_conv_launch(G, width, dev(d["cw"]), xc, C, h_ring, h_ring[0].size, n, mode, c, m, C, K))
     go(be, gdn.gdn_recur_launch(xc, C, G[:, C:], width, G[:, C + nvdv:], width, G[:, C + nvdv + nv:], width,
                                 dev(d["A_log"]), dev(d["dt"]), dev(d["nw"]), y, nvdv, S_ring, S_ring[0].size, n,
-                                mode, c, m, sh, variant=variant))
+                                mode, c, m, sh, variant=variant or gdn.gdn_recur_variant(sh.dk, sh.dv)))
     return host(y)
 
 
@@ -165,22 +165,27 @@ def test_gdn_recur_variants_are_bit_identical(be, rng, shape, m, mode):
 
 
 def test_gdn_recur_variant_choice():
-    """The register kernels only for their compiled head dims; anything else runs gdn_recur."""
+    """The register kernels only for their compiled head dims; anything else runs gdn_recur. A
+    backend's preference is taken where it can run, else the next kernel that can; a kernel named
+    for one launch is refused where it cannot run."""
     assert gdn.gdn_recur_in_registers(128, 128) and not gdn.gdn_recur_in_registers(64, 32)
     assert gdn.gdn_recur_smem(128, 128, regs=True) < gdn.gdn_recur_smem(128, 128)
-    assert gdn.gdn_recur_variant(64, 32, cc=90) == "smem" and gdn.gdn_recur_variant(128, 128, cc=90) == gdn.GDN_RECUR
+    assert gdn.gdn_recur_variant(64, 32, cc=90) == "smem"
+    assert gdn.gdn_recur_variant(128, 128, cc=90) == gdn.GDN_RECUR_DEFAULT == "cluster"
     for v in gdn.GDN_RECUR_VARIANTS:
-        assert gdn.gdn_recur_variant(128, 128, v, cc=90) == v
+        assert gdn.gdn_recur_variant(128, 128, v, cc=90) == v == gdn.check_gdn_recur_variant(128, 128, v, cc=90)
+        assert gdn.gdn_recur_variant(64, 32, v, cc=90) == "smem"
     for v in ("cluster", "regs"):
         with pytest.raises(ValueError, match="compiled for dk, dv = 128, 128, not 64, 32"):
-            gdn.gdn_recur_variant(64, 32, v, cc=90)
-    with pytest.raises(ValueError, match="variant 'fast'"):
-        gdn.gdn_recur_variant(128, 128, "fast", cc=90)
-    # before sm_90 (no thread-block clusters): the default falls back to the one-block kernel,
-    # and asking for the cluster kernel by name is refused
-    assert gdn.gdn_recur_variant(128, 128, cc=80) == ("regs" if gdn.GDN_RECUR == "cluster" else gdn.GDN_RECUR)
+            gdn.check_gdn_recur_variant(64, 32, v, cc=90)
+    for choose in (gdn.gdn_recur_variant, gdn.check_gdn_recur_variant):
+        with pytest.raises(ValueError, match="variant 'fast'"):
+            choose(128, 128, "fast", cc=90)
+    # before sm_90 (no thread-block clusters): the preference falls back to the one-block kernel,
+    # and a launch naming the cluster kernel is refused
+    assert gdn.gdn_recur_variant(128, 128, cc=80) == "regs"
     with pytest.raises(ValueError, match="needs thread-block clusters .* this GPU is sm_80"):
-        gdn.gdn_recur_variant(128, 128, "cluster", cc=80)
+        gdn.check_gdn_recur_variant(128, 128, "cluster", cc=80)
     assert gdn.gdn_recur_runnable(128, 128, cc=90) == gdn.GDN_RECUR_VARIANTS
     assert gdn.gdn_recur_runnable(128, 128, cc=80) == ("regs", "smem")
     assert gdn.gdn_recur_runnable(64, 32) == ("smem",)            # no device asked: nothing depends on it

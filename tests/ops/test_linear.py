@@ -1,6 +1,7 @@
 """Projections: the batch-invariant NumPy twin vs float64, and kernels/linear.cu vs its twin:
 every row of an M-row launch is bit-identical to that row launched alone, for every epilogue,
-for the three bf16 kernels (CUDA-core "fma", tensor-core "tensor" and "tmb") and the fp32 one."""
+for the engine's two bf16 GEMVs (CUDA-core "fma", tensor-core "tmb") and the fp32 one. The
+variants no engine option selects are tested beside their harness, in dev/test_gemv_variants.py."""
 import numpy as np
 import pytest
 
@@ -27,14 +28,8 @@ def test_linear_rows_do_not_depend_on_m(rng):
 
 def test_gemv_kernel_choice_refuses_unknown_names(rng):
     w = rng.integers(0, 1 << 16, (4, 8)).astype(np.uint16)
-    with pytest.raises(ValueError, match="bf16_gemv"):
-        linear.gemv_launch(w, None, None, 1, 8, 8, 4, bf16_gemv="cublas")
-
-
-def test_tc_ksplit_depends_on_k_alone():
-    for K in (8, 1024, 1032, 4096, 5120, 6144, 10240, 17408):
-        assert linear.tc_ksplit(K) in linear.TC_KSPLITS
-    assert [linear.tc_ksplit(K) for K in (64, 2048, 2056, 17408)] == [2, 2, 4, 4]
+    with pytest.raises(ValueError, match="gemv='cublas'"):
+        linear.gemv_launch(w, None, None, 1, 8, 8, 4, gemv="cublas")
 
 
 def _weight(be, rng, N, K, wdtype):
@@ -51,13 +46,13 @@ def _gemv(be, w, x, N, epilogue="store", half=0, y0=None, kernel="fma", launcher
     y = dev(y0) if y0 is not None else be.empty((m, N))
     if launcher is None:
         tiled = linear.tmb_tiled(w, K, epilogue, half) if kernel == "tmb" and K % 32 == 0 else None
-        go(be, linear.gemv_launch(w, dev(x), y, m, K, K, N, epilogue, half, bf16_gemv=kernel, tiled=tiled))
+        go(be, linear.gemv_launch(w, dev(x), y, m, K, K, N, epilogue, half, gemv=kernel, tiled=tiled))
     else:
         go(be, launcher(w, dev(x), y, m, K, K, N, epilogue, half))
     return host(y)
 
 
-KERNELS = [("fp32", "fma"), ("bf16", "fma"), ("bf16", "tensor"), ("bf16", "tmb")]
+KERNELS = [("fp32", "fma"), ("bf16", "fma"), ("bf16", "tmb")]
 MS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 17)
 
 
@@ -72,18 +67,10 @@ def test_gemv_kernel(be, rng, wdtype, kernel, N, K):
         x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
         tmb = linear.tmb_eligible(w, K, x0, K)
         assert tmb == (K % 32 == 0 and linear._device()["cc"] >= 90)
-        fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, bf16_gemv="tmb",
+        fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, gemv="tmb",
                                 tiled=linear.tmb_tiled(w, K) if tmb else None)[0]
         want = "gemv_" + linear.tmb_kernel(linear.tmb_tiles(N), linear.tmb_ksplit(K))[0] if tmb else "gemv_bf16"
         assert fn.name.startswith(want)
-    if kernel == "tensor":     # the tensor-core kernel runs wherever its loads are legal, else the CUDA-core one
-        x0, y0 = dev(rng.standard_normal((1, K))), be.empty((1, N))
-        tc = linear.tc_eligible(w, K, x0, K)
-        assert tc == (K % 8 == 0)
-        fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, bf16_gemv="tensor")[0]
-        want = linear.gemv_tc_launch(w, x0, y0, 1, K, K, N) if tc else linear.gemv_launch(w, x0, y0, 1, K, K, N,
-                                                                                             bf16_gemv="fma")
-        assert fn is want[0]
     x = rng.standard_normal((17, K)).astype(np.float32)
     alone = [_gemv(be, w, x[j:j + 1], N, kernel=kernel)[0] for j in range(17)]
     for m in MS:
@@ -116,54 +103,10 @@ def test_gemv_epilogues(be, rng, wdtype, kernel):
             assert np.array_equal(y[j], add_alone[j]) and np.array_equal(act[j], act_alone[j]), (m, j)
 
 
-@pytest.mark.parametrize("variant", linear.TC_VARIANTS)
-@pytest.mark.parametrize("ks", linear.TC_KSPLITS)
+@pytest.mark.parametrize("kernel", ["tmb"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
-def test_gemv_tensor_variants(be, rng, variant, ks):
-    """Every tensor-core variant (tiles a warp, super-chunk, stages, K-split), every epilogue, N and
-    K not multiples of a tile or a super-chunk: vs float64, every element written, rows independent of M."""
-    I, K = 45, 1064
-    w, w_host = _weight(be, rng, 2 * I, K, "bf16")
-    x = rng.standard_normal((11, K)).astype(np.float32)
-    y0 = rng.standard_normal((11, 2 * I)).astype(np.float32)
-
-    def launcher(*a):
-        return linear.gemv_tc_launch(*a, variant=variant, ks=ks)
-
-    ref = x.astype(np.float64) @ w_host.T.astype(np.float64)
-    for epi, n, half, y_init, want in (("store", 2 * I, 0, None, ref), ("add", 2 * I, 0, y0, y0 + ref),
-                                       ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
-        alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
-                       launcher=launcher)[0] for j in range(11)]
-        for m in (1, 2, 3, 4, 5, 8, 11):
-            y = _gemv(be, w, x[:m], n, epi, half, None if y_init is None else y_init[:m], launcher=launcher)
-            assert finite(y) and rel(y, want[:m]) < F32, (epi, m)
-            for j in range(m):
-                assert np.array_equal(y[j], alone[j]), (epi, m, j)
-
-
-@pytest.mark.usefixtures("poison")
-@needs_gpu
-def test_gemv_tensor_unaligned_activations_take_the_cuda_core_kernel(be, rng):
-    """Activations with a row stride that is not a multiple of 4: the CUDA-core kernel, still right."""
-    N, K, ldx = 40, 64, 66
-    w, w_host = _weight(be, rng, N, K, "bf16")
-    xs = rng.standard_normal((3, ldx)).astype(np.float32)
-    X, y = dev(xs), be.empty((3, N))
-    launch = linear.gemv_launch(w, X, y, 3, K, ldx, N, bf16_gemv="tensor")
-    assert not linear.tc_eligible(w, K, X, ldx)
-    assert launch[0] is linear.gemv_launch(w, X, y, 3, K, ldx, N, bf16_gemv="fma")[0]
-    with pytest.raises(ValueError, match="tensor-core"):
-        linear.gemv_tc_launch(w, X, y, 3, K, ldx, N)
-    go(be, launch)
-    assert rel(host(y), xs[:, :K].astype(np.float64) @ w_host.T.astype(np.float64)) < F32
-
-
-@pytest.mark.parametrize("kernel", ["tensor", "tmb"])
-@pytest.mark.usefixtures("poison")
-@needs_gpu
-def test_gemv_tensor_stacked_rows_equal_their_parts(be, rng, kernel):
+def test_gemv_tmb_stacked_rows_equal_their_parts(be, rng, kernel):
     """A row of a stacked matrix sits at another place in its mma tile than in its own matrix:
     the bits must not change (the stacked projections rely on it), nor for SwiGLU's [gate; up]."""
     K, parts = 320, (37, 50, 8, 19)
@@ -184,7 +127,7 @@ def test_gemv_tensor_stacked_rows_equal_their_parts(be, rng, kernel):
     assert np.array_equal(act, host(out))
 
 
-@pytest.mark.parametrize("kernel", ["fma", "tensor", "tmb"])
+@pytest.mark.parametrize("kernel", ["fma", "tmb"])
 @pytest.mark.usefixtures("poison")
 @needs_gpu
 def test_gemv_bf16_wide_range_activations(be, rng, kernel):
@@ -362,15 +305,15 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
     X, y = dev(rng.standard_normal((2, 64))), be.empty((2, 40))
     tiled = linear.tmb_tiled(w, 64)
     with pytest.raises(ValueError, match="tiled"):
-        linear.gemv_launch(w, X, y, 2, 64, 64, 40, bf16_gemv="tmb")
-    for name, launch, bad_shape in (("gemv_tmb", linear.gemv_tmb_launch, (7, 256, 2)),
-                                    ("gemv_tmr", linear.gemv_tmr_launch, (3, 8))):
+        linear.gemv_launch(w, X, y, 2, 64, 64, 40, gemv="tmb")
+    for kind, good_shape, bad_shape in (("tmb", linear.TMB_SHAPES[0], (7, 256, 2)), ("tmr", linear.TMR_SHAPES[0], (3, 8))):
+        name = f"gemv_{kind}"
         with pytest.raises(ValueError, match=f"{name}: tiled weights"):
-            launch(w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
+            linear._tiled_launch(kind, good_shape, 1, w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
         with pytest.raises(ValueError, match=f"{name} shape .* not compiled"):
-            launch(w, tiled, X, y, 2, 64, 64, 40, shape=bad_shape)
+            linear._tiled_launch(kind, bad_shape, 1, w, tiled, X, y, 2, 64, 64, 40)
         with pytest.raises(ValueError, match=f"{name} K split 3"):
-            launch(w, tiled, X, y, 2, 64, 64, 40, ks=3)   # K = 64 is two 32-k blocks
+            linear._tiled_launch(kind, good_shape, 3, w, tiled, X, y, 2, 64, 64, 40)   # K = 64 is two 32-k blocks
 
 
 @pytest.mark.parametrize("ks", linear.TMB_KSPLITS)
@@ -380,7 +323,7 @@ def test_gemv_tmb_shapes(be, rng, ks):
     """Every compiled gemv_tmb shape and every gemv_tmr shape, every epilogue, N not a multiple of
     a tile, K not of a stage or a chain group, 1-8, 11 and 15 rows: vs float64, rows independent of
     M, the same bits for every shape of both kernels (NW, KC, ST, T and P do not enter a row's
-    order: with KESTREL_GEMV_SWEEP=1, KC = 64 and 128 too), and the K-split counts back at zero
+    order; dev/test_gemv_variants.py adds the swept shapes, KC = 64 and 128 among them), and the K-split counts back at zero
     after each launch."""
     import cupy as cp
     I, K, R = 45, 1056, 15
@@ -392,10 +335,9 @@ def test_gemv_tmb_shapes(be, rng, ks):
                                        ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
         tiled = linear.tmb_tiled(w, K, epi, half)
         first = None
-        for kind, shape in [("tmb", s) for s in linear._TMB] + [("tmr", s) for s in linear.TMR_SHAPES]:
+        for kind, shape in [("tmb", s) for s in linear.TMB_SHAPES] + [("tmr", s) for s in linear.TMR_SHAPES]:
             def launcher(*a):
-                f = linear.gemv_tmb_launch if kind == "tmb" else linear.gemv_tmr_launch
-                return f(a[0], tiled, *a[1:], shape=shape, ks=ks)
+                return linear._tiled_launch(kind, shape, ks, a[0], tiled, *a[1:])
             alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
                            launcher=launcher)[0] for j in range(R)]
             for m in (1, 2, 3, 4, 5, 6, 7, 8, 11, R):
@@ -424,7 +366,7 @@ def test_tmb_kernel_rule(be):
         for epi in linear.EPI:
             picks = [linear.tmb_kernel(tiles, ks, epi) for tiles in (3, 100, 320, 1030, 2176, 15520, 10 ** 5)]
             for kind, shape in picks:
-                assert shape in (linear.TMR_SHAPES if kind == "tmr" else linear._TMB), (kind, shape)
+                assert shape in (linear.TMR_SHAPES if kind == "tmr" else linear.TMB_SHAPES), (kind, shape)
             kinds = [k for k, _ in picks]
             assert kinds[0] == "tmr" and kinds[-1] == "tmb", (ks, epi, kinds)
             assert kinds == sorted(kinds, key=("tmr", "tmb").index), (ks, epi, kinds)

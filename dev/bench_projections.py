@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Projections alone at the Qwen3.5-27B shapes: results/bench_projections.json + .md.
 
-    python3 scripts/bench_projections.py --out results      # on a GPU machine
+    python3 dev/bench_projections.py --out results      # on a GPU machine
 
 In one run, on bf16 weights drawn at random (cuRAND normal, scaled by K^-1/2, rounded to bf16):
   * the read floor: kernels/stream_read.cu (16-byte loads that skip L1), the best of its
@@ -40,10 +40,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-if __name__ == "__main__":   # compile every CUDA-core shape of fma_sweep (before kestrel.ops.linear is imported)
-    import os
-    os.environ.setdefault("KESTREL_GEMV_SWEEP", "1")
+import gemv_variants as dev  # noqa: E402  (this folder: the variants no engine option selects)
 from kestrel.lab.results import measured_commit, recorded_command  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -136,7 +135,7 @@ def read_variants(be, cp, bufs, per_graph, reps, sink):
 
 
 # ---- checks ---------------------------------------------------------------------------------------
-KERNELS = ("fma", "tensor", "tmb")   # kestrel's bf16 GEMVs (kestrel/ops/linear.py BF16_GEMVS)
+KERNELS = ("fma", "tensor", "tmb")   # the engine's bf16 GEMVs (linear.GEMVS) and dev's gemv_tc ("tensor")
 
 
 def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, tiled=None, twin_rows=1024):
@@ -149,7 +148,9 @@ def check_gemv(be, cp, W, N, K, epi, kernel, x, y0, tiled=None, twin_rows=1024):
 
     def run(j0, m):
         y = y0[j0:j0 + m].copy() if epi == "add" else cp.full((m, N), np.nan, np.float32)
-        L.go(linear.gemv_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half, bf16_gemv=kernel, tiled=tiled), be.stream)
+        launch = (dev.gemv_tc_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half) if kernel == "tensor" else
+                  linear.gemv_launch(W, x[j0:j0 + m], y, m, K, K, N, epi, half, gemv=kernel, tiled=tiled))
+        L.go(launch, be.stream)
         return y
     alone = [run(j, 1)[0] for j in range(8)]
     invariant, written = True, True
@@ -229,8 +230,8 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     be.sync()
     tiles, tmb_ks = linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)
     R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
-         "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": linear.tc_ksplit(K),
-         "tc_variant": list(linear.TC_VARIANT), "tmb_ksplit": tmb_ks,
+         "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": dev.tc_ksplit(K),
+         "tc_variant": list(dev.TC_VARIANT), "tmb_ksplit": tmb_ks,
          "tmb_shape": list(linear.tmb_shape(tiles, tmb_ks))}
     tiled_ok = linear.tmb_eligible(Ws[0], K, x, K)
     if tiled_ok:   # which tiled kernel the engine runs here, and its shape
@@ -257,16 +258,17 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
         for i in range(per_graph):
             w = Ws[i % nbuf]
             if tmb is not None:
-                launches.append(linear.gemv_tmb_launch(w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
-                                                       shape=tmb, ks=ks))
+                launches.append(dev.gemv_tiled_launch("tmb", w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
+                                                      shape=tmb, ks=ks))
             elif tmr is not None:
-                launches.append(linear.gemv_tmr_launch(w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
-                                                       shape=tmr, ks=ks))
+                launches.append(dev.gemv_tiled_launch("tmr", w, Wts[i % nbuf], x, Y, M, K, K, N, epi, half,
+                                                      shape=tmr, ks=ks))
             elif variant is None:
-                launches.append(linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, bf16_gemv=kernel, fma=fma,
+                launches.append(dev.gemv_fma_launch(w, x, Y, M, K, K, N, epi, half, fma=fma) if kernel == "fma" else
+                                linear.gemv_launch(w, x, Y, M, K, K, N, epi, half, gemv=kernel,
                                                    tiled=Wts[i % nbuf] if kernel == "tmb" else None))
             else:
-                launches.append(linear.gemv_tc_launch(w, x, Y, M, K, K, N, epi, half, variant=variant, ks=ks))
+                launches.append(dev.gemv_tc_launch(w, x, Y, M, K, K, N, epi, half, variant=variant, ks=ks))
 
         def issue():
             for fn, grid, block, args, sm in launches:
@@ -298,8 +300,8 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
             + f"  (read {R['read']['us']:.1f} us)")
     if sweep:
         R["sweep"] = []
-        for variant in linear.TC_VARIANTS:
-            for ks in linear.TC_KSPLITS:
+        for variant in dev.TC_VARIANTS:
+            for ks in dev.TC_KSPLITS:
                 r = {"variant": list(variant), "ksplit": ks}
                 for M in (1, 8):
                     r[f"M{M}_us"] = ours("tensor", M, variant, ks)["us"]
@@ -307,7 +309,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
                 log(f"  sweep RT,U,ST={variant} ks={ks}: M=1 {r['M1_us']:.1f} us, M=8 {r['M8_us']:.1f} us")
         R["fma_sweep"] = fma_sweep(be, cp, linear, Ws[0], x, y0, N, K, epi, half, ours)
         R["tmb_sweep"] = []
-        for shape in linear._TMB if "tmb" in kernels else ():
+        for shape in dev.TMB_ALL if "tmb" in kernels else ():
             for ks in linear.TMB_KSPLITS:
                 if ks > K // 32:
                     continue
@@ -337,17 +339,17 @@ def fma_sweep(be, cp, linear, W, x, y0, N, K, epi, half, ours):
 
     def run(M, fma):
         y = y0[:M].copy()
-        L.go(linear.gemv_launch(W, x[:M], y, M, K, K, N, epi, half, bf16_gemv="fma", fma=fma), be.stream)
+        L.go(dev.gemv_fma_launch(W, x[:M], y, M, K, K, N, epi, half, fma=fma), be.stream)
         return y
     out = []
     for M in MS:
         ref = run(M, None)
-        for fma in linear.GEMV_FMA_SWEEP:
+        for fma in dev.GEMV_FMA_SWEEP:
             mt = fma[0]
             if not (mt == M or (mt == 4 and M < 4 and M > 1) or (mt == 8 and M > 4)):
                 continue
             same = bool(cp.array_equal(run(M, fma), ref))
-            fn, grid = linear.gemv_launch(W, x[:M], y0[:M], M, K, K, N, epi, half, bf16_gemv="fma", fma=fma)[:2]
+            fn, grid = dev.gemv_fma_launch(W, x[:M], y0[:M], M, K, K, N, epi, half, fma=fma)[:2]
             out.append({"M": M, "shape": list(fma), "engine": tuple(fma) == linear.fma_shape(M),
                         "us": ours("fma", M, fma=fma)["us"], "bit_identical": same,
                         "regs": int(fn.num_regs), "blocks": int(grid[0] * grid[1])})
@@ -375,11 +377,11 @@ def profile_once(shape, ms=(1, 4)):
     tiled = linear.tmb_tiled(w, K, epi, half) if linear.tmb_eligible(w, K, x, K) else None
     launches = []
     for M in ms:
-        launches.append(("fma", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="fma")))
-        for v in linear.TC_VARIANTS:
-            launches.append((f"tensor {v}", M, linear.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
+        launches.append(("fma", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, gemv="fma")))
+        for v in dev.TC_VARIANTS:
+            launches.append((f"tensor {v}", M, dev.gemv_tc_launch(w, x, y, M, K, K, N, epi, half, variant=v)))
         if tiled is not None:
-            launches.append(("tmb", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, bf16_gemv="tmb",
+            launches.append(("tmb", M, linear.gemv_launch(w, x, y, M, K, K, N, epi, half, gemv="tmb",
                                                           tiled=tiled)))
     for name, M, launch in launches:
         L.go(launch, be.stream)
@@ -520,7 +522,7 @@ def render_md(R: dict) -> str:
         for M in MS:
             L.append(f"| {M} | " + " | ".join(f"{st[M]:.2f} | {st[M] / st[1]:.3f}" for st in steps) + f" | {rd:.2f} |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
-          "(kestrel/ops/linear.py, BF16_GEMV)."]
+          "(kestrel/ops/linear.py, GEMV_DEFAULT)."]
     return "\n".join(L) + "\n"
 
 
@@ -563,10 +565,10 @@ def main():
     l2 = int(device_props().get("l2CacheSize", 60 << 20))
     R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
          "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_projections.py", sys.argv[1:]), "commit": measured_commit(),
+         "command": recorded_command("dev/bench_projections.py", sys.argv[1:]), "commit": measured_commit(),
          "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
-         "engine_bf16_gemv": linear.BF16_GEMV, "tc_variant": list(linear.TC_VARIANT),
+         "engine_bf16_gemv": linear.GEMV_DEFAULT, "tc_variant": list(dev.TC_VARIANT),
          "tc_ksplit_by_K": {str(K): linear.tc_ksplit(K) for K in sorted({s[2] for s in SHAPES})},
          "timing": "CUDA graph of back-to-back launches over rotating weight buffers (>= 4x L2), events around "
                    "each replay, median over replays / launches per graph; no PDL",

@@ -1,0 +1,62 @@
+"""Which kernels a CUDA backend runs: chosen once, when the backend (and so the model) is made.
+
+    kestrel.load("qwen3.5-27b", device="cuda", dtype="bf16", kernels={"gemv": "tmb"})
+    CUDABackend(kernels=KernelOptions(gemv="tmb"))
+
+gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: "fma" or "tmb";
+they differ in the last bits, so one engine uses one throughout). gdn_recur names the recurrence
+kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). pdl turns
+programmatic dependent launch in CUDA graphs on or off (None: on where the GPU has it, sm_90 and
+later). Unset fields take the defaults kestrel.settings reads. Plans, lowering and results
+files read the options from the backend: nothing else in the process decides a kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .. import settings
+from ..errors import DeviceError
+from ..ops.gdn import GDN_RECUR_VARIANTS
+from ..ops.linear import GEMVS
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    gemv: str | None = None
+    gdn_recur: str | None = None
+    pdl: bool | None = None
+
+    def __post_init__(self):
+        if self.gemv is not None and self.gemv not in GEMVS:
+            raise DeviceError(f"kernel option gemv={self.gemv!r}: expected one of {', '.join(GEMVS)}")
+        if self.gdn_recur is not None and self.gdn_recur not in GDN_RECUR_VARIANTS:
+            raise DeviceError(f"kernel option gdn_recur={self.gdn_recur!r}: expected one of "
+                              f"{', '.join(GDN_RECUR_VARIANTS)}")
+        if self.pdl is not None and not isinstance(self.pdl, bool):
+            raise DeviceError(f"kernel option pdl={self.pdl!r}: expected True, False or None")
+
+    @classmethod
+    def of(cls, kernels) -> "KernelOptions":
+        """KernelOptions from None, a dict of its fields, or KernelOptions itself."""
+        if kernels is None:
+            return cls()
+        if isinstance(kernels, cls):
+            return kernels
+        if isinstance(kernels, dict):
+            names = {f.name for f in fields(cls)}
+            unknown = sorted(set(kernels) - names)
+            if unknown:
+                raise DeviceError(f"unknown kernel option(s) {unknown}: expected {sorted(names)}")
+            return cls(**kernels)
+        raise DeviceError(f"kernels must be None, a dict or KernelOptions, got {type(kernels).__name__}")
+
+    def resolved(self, pdl_supported: bool) -> "KernelOptions":
+        """Every field set: the given ones, else the defaults kestrel.settings reads;
+        pdl only where the GPU supports it."""
+        gemv = self.gemv or settings.get("KESTREL_BF16_GEMV")
+        recur = self.gdn_recur or settings.get("KESTREL_GDN_RECUR")
+        pdl = self.pdl if self.pdl is not None else settings.get("KESTREL_PDL") != "0"
+        return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
