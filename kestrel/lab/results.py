@@ -38,16 +38,17 @@ def measured_commit():
 
 
 # The environment switches that change which kernels run (and so what a benchmark measures).
-KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_GEMV_SWEEP", "KESTREL_PDL")
+KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_PDL")
 
 
 def stem(name: str) -> str:
     """The results file a benchmark writes: `name`, or name_<kernel> when it runs under a bf16 GEMV
     other than the engine's default (KESTREL_BF16_GEMV), so such a run cannot overwrite the
     default's results."""
+    from kestrel import settings
     from kestrel.ops import linear
-    gemv = linear.BF16_GEMV
-    return name if gemv == linear.BF16_GEMV_DEFAULT else f"{name}_{gemv}"
+    gemv = settings.get("KESTREL_BF16_GEMV")
+    return name if gemv == linear.GEMV_DEFAULT else f"{name}_{gemv}"
 
 
 def recorded_command(script: str, argv: list, environ=None) -> str:
