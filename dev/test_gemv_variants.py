@@ -86,6 +86,9 @@ def test_swept_shapes_give_the_engine_kernels_bits(be, rng):
         want_tmb = _run(be, lambda X, Y, mm: linear.gemv_launch(w, X, Y, mm, K, K, N, gemv="tmb", tiled=tiled),
                         x[:m], N)
         for shape in V.TMB_ALL:
-            got = _run(be, lambda X, Y, mm: V.gemv_tiled_launch("tmb", w, tiled, X, Y, mm, K, K, N, shape=shape),
-                       x[:m], N)
+            try:
+                got = _run(be, lambda X, Y, mm: V.gemv_tiled_launch("tmb", w, tiled, X, Y, mm, K, K, N, shape=shape),
+                           x[:m], N)
+            except Exception as e:
+                raise AssertionError(f"gemv_tmb shape {shape}, M = {m}: {e}") from e
             assert np.array_equal(got, want_tmb), (m, shape)

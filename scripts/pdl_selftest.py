@@ -6,14 +6,16 @@ graphs without it. Exits 0 when they do, 1 when they do not (the GPU check then 
 Run it in a child process of whatever uses the answer: a driver that mishandles the launch could
 take the process with it."""
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from kestrel.config import PRESETS
-from kestrel.cuda import CUDABackend
-from kestrel.engine import Engine
-from kestrel.model import Model
-from kestrel.weights import random_weights
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's kestrel
+from kestrel.config import PRESETS  # noqa: E402
+from kestrel.cuda import CUDABackend  # noqa: E402
+from kestrel.engine import Engine  # noqa: E402
+from kestrel.model import Model  # noqa: E402
+from kestrel.weights import random_weights  # noqa: E402
 
 
 def pdl_selftest(steps: int = 6) -> bool:
