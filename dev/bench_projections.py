@@ -31,6 +31,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -43,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gemv_variants as dev  # noqa: E402  (this folder: the variants no engine option selects)
-from kestrel.lab.results import measured_commit, recorded_command  # noqa: E402
+from kestrel.lab import results  # noqa: E402
+from kestrel import settings  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
 
 SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
@@ -517,7 +519,8 @@ def render_md(R: dict) -> str:
               "| M | kestrel (engine) | ÷ M=1 | tmb | ÷ M=1 | cuBLAS | ÷ M=1 | read floor |",
               "|---|---|---|---|---|---|---|---|"]
         from kestrel.lab.sizes import projection_step_ms
-        steps = [projection_step_ms(R, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")]
+        shapes = results.record_of("bench_projections", R, "bench_projections").shapes
+        steps = [projection_step_ms(shapes, k) for k in (R["engine_bf16_gemv"], "tmb", "cublas")]
         rd = sum(uses[s["shape"]] * s["read"]["us"] for s in R["shapes"]) / 1e3   # the same for every M
         for M in MS:
             L.append(f"| {M} | " + " | ".join(f"{st[M]:.2f} | {st[M] / st[1]:.3f}" for st in steps) + f" | {rd:.2f} |")
@@ -541,7 +544,9 @@ def main():
     if a.render:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_projections.md").write_text(render_md(json.loads(Path(a.render).read_text())))
+        data, _ = results.read_json(a.render)
+        results.load_projections(a.render)              # a damaged file is refused, not rendered
+        (out / "bench_projections.md").write_text(render_md(data))
         return
     if a.profile:
         profile_once(SHAPES[int(a.shapes or 0)])
@@ -563,20 +568,22 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     from kestrel.nvrtc import device_props
     l2 = int(device_props().get("l2CacheSize", 60 << 20))
-    R = {"device": be.device_name, "device_props": be.device_props, "l2_bytes": l2,
-         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("dev/bench_projections.py", sys.argv[1:]), "commit": measured_commit(),
+    prov = results.Provenance(be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              results.recorded_command("dev/bench_projections.py", sys.argv[1:],
+                                                       settings.kernel_switches()),
+                              results.measured_commit(), results.backend_kernels(be))
+    R = {"device": prov.device, "device_props": be.device_props, "l2_bytes": l2, "date": prov.date,
+         "command": prov.command, "commit": prov.commit,
          "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
          "engine_bf16_gemv": linear.GEMV_DEFAULT, "tc_variant": list(dev.TC_VARIANT),
-         "tc_ksplit_by_K": {str(K): linear.tc_ksplit(K) for K in sorted({s[2] for s in SHAPES})},
+         "tc_ksplit_by_K": {str(K): dev.tc_ksplit(K) for K in sorted({s[2] for s in SHAPES})},
          "timing": "CUDA graph of back-to-back launches over rotating weight buffers (>= 4x L2), events around "
                    "each replay, median over replays / launches per graph; no PDL",
          "shapes": []}
 
     def save():
-        (out / "bench_projections.json").write_text(json.dumps(R, indent=1, default=float))
-        (out / "bench_projections.md").write_text(render_md(R))
+        results.write(out, "bench_projections", R, render_md, prov)
 
     from kestrel.ops import stream_read
     sink = stream_read.out_buffer(be.device_props["sm_count"])

@@ -48,10 +48,16 @@ def _defines() -> dict:
     return d
 
 
+_FUNCS: dict = {}
+
+
 def kernel(name: str):
-    """A kernel of the development module (every engine kernel, the sweeps and gemv_tc)."""
-    mod = L.source_module("linear+dev", [L.KERNEL_DIR / "linear.cu", DEV_KERNELS / "gemv_tc.cu"], _defines())
-    return mod.get_function(name)
+    """A kernel of the development module (every engine kernel, the sweeps and gemv_tc), one object
+    per name (nvrtc.smem remembers a kernel's shared-memory opt-in by the object)."""
+    if name not in _FUNCS:
+        mod = L.source_module("linear+dev", [L.KERNEL_DIR / "linear.cu", DEV_KERNELS / "gemv_tc.cu"], _defines())
+        _FUNCS[name] = mod.get_function(name)
+    return _FUNCS[name]
 
 
 def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,

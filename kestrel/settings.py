@@ -22,3 +22,13 @@ def get(name: str) -> str:
     if name not in VARIABLES:
         raise KeyError(f"{name} is not one of kestrel's variables ({', '.join(VARIABLES)})")
     return os.environ.get(name, VARIABLES[name][0])
+
+
+KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_PDL")
+
+
+def kernel_switches(env=None) -> dict:
+    """The kernel variables that are set (in `env`, default this process's): a results file's
+    command line names them, so the command reruns the same kernels."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in KERNEL_SWITCHES if k in env}

@@ -35,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.lab.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.lab import results  # noqa: E402
+from kestrel import settings  # noqa: E402
+from kestrel.lab.results import repo_relative  # noqa: E402
 from kestrel.program import param_count  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
@@ -524,13 +526,10 @@ def from_json(d):
     return [from_json(v) for v in d] if isinstance(d, list) else d
 
 
-def save_results(out: Path, R: dict) -> Path:
+def save_results(out: Path, R: dict, prov, kernels: dict | None) -> Path:
     """Write R and its table as out/<stem>.json and .md (results.stem: bench_engine, or
     bench_engine_<gemv> under another bf16 GEMV); the JSON's path."""
-    path = out / f"{results_stem('bench_engine')}.json"
-    path.write_text(json.dumps(R, indent=1, default=float))
-    path.with_suffix(".md").write_text(render_md(R))
-    return path
+    return results.write(out, results.stem("bench_engine", kernels), R, render_md, prov)
 
 
 def main():
@@ -558,9 +557,13 @@ def main():
     be = CUDABackend()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    R = {"device": be.device_name, "device_props": be.device_props,
-         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_engine.py", sys.argv[1:]), "commit": measured_commit(),
+    kernels = results.backend_kernels(be)
+    prov = results.Provenance(be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              results.recorded_command("scripts/bench_engine.py", sys.argv[1:],
+                                                       settings.kernel_switches()),
+                              results.measured_commit(), kernels)
+    R = {"device": prov.device, "device_props": be.device_props, "date": prov.date, "command": prov.command,
+         "commit": prov.commit,
          "cupy": cp.__version__, "numpy": np.__version__,
          "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion(),
          "presets": []}
@@ -583,7 +586,7 @@ def main():
             R["gemv_sweep_error"] = repr(e)
 
     def save():
-        save_results(out, R)
+        save_results(out, R, prov, kernels)
 
     rng = np.random.default_rng(0)
     presets = [p for p in a.presets.split(",") if p]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from bench_projections import time_cupy_graph  # noqa: E402
-from kestrel.lab.results import measured_commit, recorded_command  # noqa: E402
+from kestrel.lab import results  # noqa: E402
+from kestrel import settings  # noqa: E402
 
 PRESETS = ("qwen3.5-0.8b", "qwen3.5-9b", "qwen3.5-27b")
 MS = (1, 2, 3, 4, 5, 8)
@@ -131,19 +132,23 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.render:
-        (out / "bench_gdn.md").write_text(render_md(json.loads(Path(a.render).read_text())))
+        data, _ = results.read_json(a.render)
+        results.load_gdn(a.render)                      # a damaged file is refused, not rendered
+        (out / "bench_gdn.md").write_text(render_md(data))
         return
     import cupy as cp
     from kestrel.cuda import CUDABackend
     be = CUDABackend()
-    R = {"device": be.device_name, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_gdn.py", sys.argv[1:]), "commit": measured_commit(),
+    prov = results.Provenance(be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              results.recorded_command("scripts/bench_gdn.py", sys.argv[1:],
+                                                       settings.kernel_switches()),
+                              results.measured_commit(), results.backend_kernels(be))
+    R = {**prov.as_dict(),
          "versions": {"cupy": cp.__version__, "cuda_runtime": cp.cuda.runtime.runtimeGetVersion()},
          "ms": list(MS), "modes": list(MODES), "presets": []}
     for i, name in enumerate(p for p in a.presets.split(",") if p):
         R["presets"].append(bench_preset(be, cp, name, a.reps, seed=1 + i))
-        (out / "bench_gdn.json").write_text(json.dumps(R, indent=1))
-        (out / "bench_gdn.md").write_text(render_md(R))
+        results.write(out, "bench_gdn", R, render_md, prov)
     print(render_md(R))
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as _dt
-import json
+import os
 import pstats
 import statistics
 import sys
@@ -48,7 +48,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kestrel.lab.results import measured_commit, recorded_command, stem as results_stem  # noqa: E402
+from kestrel.lab import results  # noqa: E402
+from kestrel import settings  # noqa: E402
 
 
 def med(xs) -> float:
@@ -228,15 +229,14 @@ def main(argv=None):
     model = kestrel.load(a.preset, device=a.device, dtype=dtype, seed=0)
     if not model.has_mtp:
         raise SystemExit(f"bench_host: {a.preset} has no MTP head")
-    R = {"device": model.be.device_name, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-         "command": recorded_command("scripts/bench_host.py", sys.argv[1:] if argv is None else argv),
-         "commit": measured_commit(), "model": f"{a.preset} ({dtype})", "k": a.k, "reps": a.reps, "n": a.n}
+    kernels = results.backend_kernels(model.be)
+    prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              results.recorded_command("scripts/bench_host.py", sys.argv[1:] if argv is None else argv,
+                                                       settings.kernel_switches()),
+                              results.measured_commit(), kernels)
+    R = {**prov.as_dict(), "model": f"{a.preset} ({dtype})", "k": a.k, "reps": a.reps, "n": a.n}
     R.update(measure(model, a.k, a.reps, a.n, a.top))
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{results_stem('bench_host')}.json"
-    path.write_text(json.dumps(R, indent=1))
-    path.with_suffix(".md").write_text(render_md(R))
+    path = results.write(a.out, results.stem("bench_host", kernels), R, render_md, prov)
     print(render_md(R))
     return path
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
+import os
 import platform
 import sys
 import time
@@ -43,7 +43,9 @@ sys.path.insert(0, str(ROOT))
 import kestrel  # noqa: E402
 from kestrel import speculative as spec  # noqa: E402
 from kestrel.lab import sweep  # noqa: E402
-from kestrel.lab.results import measured_commit, recorded_command, repo_relative, stem as results_stem  # noqa: E402
+from kestrel.lab import results  # noqa: E402
+from kestrel import settings  # noqa: E402
+from kestrel.lab.results import repo_relative  # noqa: E402
 
 TINY = ROOT / "kestrel" / "assets" / "tiny" / "model.safetensors"
 
@@ -296,10 +298,15 @@ def main(argv=None):
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.T = args.T or (16 if args.quick else 64)
     t0 = time.time()
-    d = {"quick": args.quick, "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-         "command": recorded_command("scripts/bench_spec.py", argv if argv is not None else sys.argv[1:]),
-         "commit": measured_commit(), "host": f"{platform.machine()}, Python {platform.python_version()}"}
-    d["device"] = getattr(kestrel.backend.get_backend(args.device), "device_name", args.device)
+    be = kestrel.backend.get_backend(args.device)
+    kernels = results.backend_kernels(be)
+    prov = results.Provenance(
+        getattr(be, "device_name", args.device), _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        results.recorded_command("scripts/bench_spec.py", argv if argv is not None else sys.argv[1:],
+                                 settings.kernel_switches()),
+        results.measured_commit(), kernels)
+    d = {"quick": args.quick, "date": prov.date, "command": prov.command, "commit": prov.commit,
+         "host": f"{platform.machine()}, Python {platform.python_version()}", "device": prov.device}
     if not args.skip_tiny:
         d["tiny"] = bench_tiny(args)
     if not args.skip_large:
@@ -307,12 +314,9 @@ def main(argv=None):
     if not args.skip_sweep:
         d["sweep"] = bench_sweep(args)
     d["seconds"] = round(time.time() - t0, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = results_stem("bench_spec_quick" if args.quick else "bench_spec")
-    (out / f"{stem}.json").write_text(json.dumps(d, indent=1, default=str))
-    (out / f"{stem}.md").write_text(markdown(d))
-    log(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')} in {d['seconds']} s")
+    path = results.write(args.out, results.stem("bench_spec_quick" if args.quick else "bench_spec", kernels), d,
+                         markdown, prov)
+    log(f"wrote {path} and {path.with_suffix('.md')} in {d['seconds']} s")
     return 0
 
 

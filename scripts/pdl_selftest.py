@@ -26,7 +26,7 @@ def pdl_selftest(steps: int = 6) -> bool:
     t = random_weights(cfg, 21)
     outs = []
     for pdl in (False, True):
-        be = CUDABackend(pdl=pdl)
+        be = CUDABackend(kernels={"pdl": pdl})
         for dtype in ("fp32", "bf16"):
             m = Model(cfg, t, be, weight_dtype=dtype)
             e = Engine(m, max_seq=64, mmax=3)

@@ -82,17 +82,17 @@ def test_plots_stamp():
     assert plots.stamp(device="X", when=when, quiet=True) == "measured on X at 2026-01-02 03:04 UTC"
 
 
-def test_plots_provenance_names_the_device(monkeypatch):
+def test_plots_measured_here_names_the_device(monkeypatch):
     """The device name a figure is stamped with: the override, else a detected GPU or the CPU
     with its core count; never an empty or placeholder string."""
     from kestrel.lab import plots
 
     monkeypatch.setenv("KESTREL_DEVICE_NAME", "Example GPU 9000")
-    assert plots.provenance()["device"] == "Example GPU 9000"
+    assert plots.measured_here()["device"] == "Example GPU 9000"
     monkeypatch.delenv("KESTREL_DEVICE_NAME")
-    dev = plots.provenance()["device"]
+    dev = plots.measured_here()["device"]
     assert re.fullmatch(r"\S.* \((GPU|CPU, \d+ cores)\)", dev), f"unexpected device name {dev!r}"
-    assert plots.provenance(device="given")["device"] == "given"
+    assert plots.measured_here(device="given")["device"] == "given"
 
 
 # --------------------------------------------------------------------------- the build
@@ -494,8 +494,8 @@ def test_wall_is_taught_as_measured():
     input-cache chapter."""
     src = {p.name[:4]: "\n".join("".join(c["source"]) for c in _cells(p)) for p in CHAPTERS_1_7}
     for ch in ("ch01", "ch03"):
-        assert 'results.load("bench_engine")' in src[ch], ch
+        assert 'results.load_engine("bench_engine")' in src[ch], ch
     assert "verify batch is cheap" not in src["ch05"] and "is cheap:" not in src["ch05"]
-    assert 'results.load("bench_spec")' in src["ch05"]
+    assert 'results.load_spec("bench_spec")' in src["ch05"]
     assert "n_{ok} = 0" in src["ch07"] and "ch08_three_ways.ipynb" in src["ch07"]
     assert "input-cache" in src["ch07"]

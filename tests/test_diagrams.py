@@ -455,7 +455,7 @@ def test_undo_large_comparison_from_the_results_file():
     from kestrel.lab import results, undo
     try:
         results.load("bench_spec")
-    except FileNotFoundError:
+    except results.ResultsFileError:
         pytest.skip("results/bench_spec.json is not there")
     big = undo.large_comparison(live=False)
     assert not big["live"] and "results/bench_spec.json" in big["source"]

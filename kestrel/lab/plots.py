@@ -15,7 +15,7 @@ re-running a notebook with the same data gives byte-identical output. nbval
 figure cell or a ``stamp()`` cell (their content depends on the machine and the date);
 put backend-independent numbers in their own checked cells instead.
 
-``stamp()`` / ``provenance()`` say where and when a result was measured:
+``stamp()`` / ``measured_here()`` say where and when a result was measured:
 "measured on <device> at <date>".
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from kestrel import settings
 
-__all__ = ["show", "figure", "stamp", "provenance", "device_name", "table", "Spread", "spread", "repeat",
+__all__ = ["show", "figure", "stamp", "measured_here", "device_name", "table", "Spread", "spread", "repeat",
            "print_wrapped"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -227,7 +227,7 @@ def device_name(device: Any = None) -> str:
     return f"{_cpu_name()} (CPU, {os.cpu_count()} cores)"
 
 
-def provenance(device: Any = None, when: _dt.datetime | None = None) -> dict:
+def measured_here(device: Any = None, when: _dt.datetime | None = None) -> dict:
     """``{"device", "date", "python", "host"}`` for the measurement at hand."""
     when = when or _dt.datetime.now(_dt.timezone.utc)
     return {
@@ -275,7 +275,7 @@ def stamp(fig=None, *, device: Any = None, when: _dt.datetime | None = None,
     With ``fig``, also write the line into the figure (annotate_provenance: small grey text
     along its bottom-left edge) so the static book shows it with the figure; returns the line.
     """
-    p = provenance(device, when)
+    p = measured_here(device, when)
     line = f"measured on {p['device']} at {p['date']}"
     if fig is not None:
         annotate_provenance(fig, line)

@@ -53,11 +53,11 @@ def projection_uses(cfg: Config) -> dict:
     return dict(zip(PROJECTIONS, (g, a, g + a, g + a, g + a, 1)))
 
 
-def projection_step_ms(bench: dict, kernel: str, cfg: Config | None = None) -> dict:
+def projection_step_ms(shapes, kernel: str, cfg: Config | None = None) -> dict:
     """M -> ms of all the projections of one decode step with `kernel` ("fma", "tensor", "tmb",
-    "cublas"), from a results/bench_projections.json dict: each shape's time × its uses (NaN
-    where a shape lacks that kernel)."""
+    "cublas"), from the ProjectionShape records of a bench_projections file
+    (kestrel.lab.results.load_projections(...).shapes): each shape's time × its uses (NaN where a
+    shape lacks that kernel)."""
     uses = projection_uses(cfg or PRESETS["qwen3.5-27b"])
-    Ms = sorted({int(M) for s in bench["shapes"] for M in s.get("times", {})})
-    return {M: sum(uses[s["shape"]] * s["times"][str(M)].get(kernel, {}).get("us", float("nan"))
-                   for s in bench["shapes"]) / 1e3 for M in Ms}
+    Ms = sorted({M for s in shapes for M in s.us})
+    return {M: sum(uses[s.shape] * s.us.get(M, {}).get(kernel, float("nan")) for s in shapes) / 1e3 for M in Ms}

@@ -30,6 +30,7 @@ import datetime as _dt
 import gc
 import math
 import statistics
+from dataclasses import asdict, replace
 import sys
 import time
 
@@ -484,37 +485,38 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
 
 # ---- for the book: live where the GPU holds it, else the results file ------------------------------------
 class Section:
-    """A results section and where it came from: `data` in results/bench_spec.json's format,
-    `live` (measured just now), `why` (what decided it), `prov` (device, date, command: for
-    kestrel.lab.results.provenance and annotate) and `source`, one line that says all of it."""
+    """A results section and where it came from: `data`, the record (results.SpecSection for the
+    27B runs, records.Sweep for the size sweep) whether measured just now or read from
+    results/bench_spec.json, `live`, `why` (what decided it), `prov` (a results.Provenance, for
+    results.annotate) and `source`, one line that says all of it."""
 
-    def __init__(self, data: dict, live: bool, why: str, prov: dict, note: str = ""):
+    def __init__(self, data, live: bool, why: str, prov: results.Provenance, note: str = ""):
         self.data, self.live, self.why, self.prov, self.note = data, live, why, prov, note
 
     @property
     def source(self) -> str:
         p = self.prov
         if self.live:
-            line = f"measured live here, on {p['device']} at {p['date']} (`{p['command']}`); {self.why}"
+            line = f"measured live here, on {p.device} at {p.date} (`{p.command}`); {self.why}"
         else:
-            line = f"read from results/bench_spec.json: {results.provenance(p)}; {self.why}"
+            line = f"read from results/bench_spec.json: {p.line()}; {self.why}"
         return line + (f"; {self.note}" if self.note else "")
 
 
-def _recorded(section: str):
-    """(bench_spec.json's section, its provenance dict) or (None, None)."""
-    try:
-        d = results.load("bench_spec")
-    except FileNotFoundError:
-        return None, None
-    sec = d.get(section)
-    if not sec:
-        return None, None
-    return sec, {**d, "device": sec.get("device", d.get("device"))}
+def _recorded(section: str) -> Section | None:
+    """bench_spec.json's section ('large' or 'sweep') and its provenance, or None where the
+    file or the section is absent (a damaged file raises results.ResultsFileError)."""
+    if not results.path_of("bench_spec").exists():
+        return None
+    f = results.load_spec("bench_spec")
+    if section == "sweep":
+        return None if f.sweep is None else (f.sweep, replace(f.provenance, device=f.sweep.device))
+    sec = getattr(f, section)
+    return None if sec is None else (sec, sec.provenance)
 
 
-def _live_prov(device: str, what: str) -> dict:
-    return {"device": device, "date": now(), "command": what}
+def _live_prov(device: str, what: str) -> results.Provenance:
+    return results.Provenance(device, now(), what)
 
 
 def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64, P: int = 32,
@@ -527,16 +529,16 @@ def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64,
         live = ok
     if live:
         d = size_sweep(presets, T=T, P=P, device="cuda", repeats=repeats, log=log)
-        return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"))
-    sec, prov = _recorded("sweep")
-    if sec is not None:
-        return Section(sec, False, why, prov)
+        return Section(results.live_sweep(d), True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"))
+    rec = _recorded("sweep")
+    if rec is not None:
+        return Section(rec[0], False, why, rec[1])
     here, skipped = runnable(presets + tuple(p for p in QUICK_PRESETS if p not in presets))
     d = size_sweep(here, T=fallback_T, P=min(P, 16), repeats=repeats, log=log)
     d["skipped"] = [{"preset": p, "why": w} for p, w in skipped]
     note = (f"results/bench_spec.json has no sweep yet, so it ran on this machine for "
             f"{', '.join(here)} (T = {fallback_T})")
-    return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"), note)
+    return Section(results.live_sweep(d), True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"), note)
 
 
 def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64, P: int = 32, repeats: int = 3,
@@ -552,28 +554,27 @@ def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64,
         d = large_runs(model, T=T, P=P, repeats=repeats, log=log)
         del model
         free_device_memory()
-        return Section(d, True, why, _live_prov(d["device"], "kestrel.lab.sweep.large_runs"))
-    sec, prov = _recorded("large")
-    if sec is None:
-        raise FileNotFoundError("results/bench_spec.json has no 'large' section and no GPU here holds "
-                                f"{preset}: run scripts/bench_spec.py on a GPU")
-    return Section(sec, False, why, prov)
+        prov = _live_prov(d["device"], "kestrel.lab.sweep.large_runs")
+        return Section(results.live_section(d, "large", prov), True, why, prov)
+    rec = _recorded("large")
+    if rec is None:
+        raise results.ResultsFileError("results/bench_spec.json has no 'large' section and no GPU here holds "
+                                       f"{preset}: run scripts/bench_spec.py on a GPU")
+    return Section(rec[0], False, why, rec[1])
 
 
 # ---- reading a sweep --------------------------------------------------------------------------------------
-def rows(sweep: dict) -> list:
-    """Every run of a sweep as one flat row: the size's preset, weight bytes and bound beside it."""
-    return [{"preset": s["preset"], "weight_bytes": s["weight_bytes"], "bound": s["roofline"]["bound"], **r}
-            for s in sweep["sizes"] for r in s["runs"]]
+def rows(sweep) -> list:
+    """Every run of a sweep (a records.Sweep) as one flat row: the size's preset, weight bytes and
+    bound beside the run's fields (records.SweepRun)."""
+    return [{"preset": s.preset, "weight_bytes": s.weight_bytes, "bound": s.roofline.bound, **asdict(r)}
+            for s in sweep.sizes for r in s.runs]
 
 
-def beats_greedy(sweep: dict) -> dict:
-    """preset -> the best k's row if any k beat greedy (speedup > 1, of the repeats' medians), else None."""
-    out = {}
-    for s in sweep["sizes"]:
-        best = max(s["runs"], key=lambda r: r["speedup"])
-        out[s["preset"]] = best if best["speedup"] > 1 else None
-    return out
+def beats_greedy(sweep) -> dict:
+    """preset -> the best k's run (a records.SweepRun) if any k beat greedy (speedup > 1, of the
+    repeats' medians), else None."""
+    return sweep.best()
 
 
 __all__ = ["SIZE_PRESETS", "QUICK_PRESETS", "KS", "LARGE", "LARGE_SCHEDULES", "ALPHA_2P8", "size_sweep",

@@ -301,7 +301,7 @@ def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repe
 
 def _large_live(cfg, T, P, repeats, seed, why) -> dict:
     import kestrel
-    from .plots import provenance
+    from .plots import measured_here
     model = kestrel.load(LARGE, device="cuda", dtype="bf16", seed=seed)
     rng = np.random.default_rng(seed)
     prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, P)]
@@ -314,7 +314,7 @@ def _large_live(cfg, T, P, repeats, seed, why) -> dict:
         for t in ts:
             rows.append(_row(cfg, sname, pairing, k, t.policy, t.ms, t.speedups, t.greedy_ms, t.bit_exact,
                              t.median_summary.hist))
-    p = provenance(model)
+    p = measured_here(model)
     del model
     return {"live": True, "why": why, "rows": rows, "missing": [], "T": T, "repeats": repeats, "units": units,
             "device": p["device"], "date": p["date"],
@@ -331,24 +331,21 @@ def _row(cfg, sname, pairing, k, policy, ms, speedups, greedy, exact, hist) -> d
 
 def _large_from_results(cfg, why) -> dict:
     from . import results
-    d = results.load("bench_spec")
-    sec = d.get("large") or {}
+    sec = results.load_bench("bench_spec", section="large")
     rows, missing = [], []
     for sname, k, _, pairing in LARGE_SCHEDULES:
         for pol in POLICY_NAMES:
-            r = next((r for r in sec.get("runs", []) if r.get("schedule") == sname and r.get("pairing") == pairing
-                      and r.get("policy") == pol and r.get("k") == k), None)
-            if r is None:
+            s = next((r for r in sec.runs if r.schedule == sname and r.pairing.value == pairing
+                      and r.policy.name == pol and r.k == k), None)
+            if s is None:
                 missing.append(f"{pol} ({sname}, {pairing} pairing)")
                 continue
-            s = spec.RunSummary.from_dict({"model": sec.get("model", ""), "device": sec.get("device", ""), **r})
             rows.append(_row(cfg, sname, pairing, k, pol, [s.ms_per_token], [s.speedup],
                              [s.greedy_ms_per_token], s.bit_exact, s.hist))
-    src = results.provenance({**d, "device": sec.get("device", d.get("device"))})
-    units = spec.UnitCosts.from_dict(sec["units"]) if "units" in sec else None
-    return {"live": False, "why": why, "rows": rows, "missing": missing, "T": sec.get("T"), "repeats": 1,
-            "units": units, "device": sec.get("device", d.get("device")), "date": str(d.get("date", "?"))[:10],
-            "source": src.replace("measured on", "read from results/bench_spec.json, measured on", 1)}
+    p = sec.provenance
+    return {"live": False, "why": why, "rows": rows, "missing": missing, "T": sec.T, "repeats": 1,
+            "units": sec.units, "device": p.device, "date": p.date[:10],
+            "source": p.line().replace("measured on", "read from results/bench_spec.json, measured on", 1)}
 
 
 def large_table(big: dict) -> str:
@@ -459,9 +456,10 @@ def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 13107
 def device_memory() -> tuple:
     """(bytes, name) of the device results/bench_engine.json was measured on."""
     from . import results
-    d = results.load("bench_engine")
-    props = d.get("device_props") or {}
-    return float(props["memory_bytes"]), props.get("name") or d.get("device", "?")
+    d = results.load_engine("bench_engine")
+    if d.device_props is None:
+        raise results.ResultsFileError(f"{d.path}: device_props: missing (the device's memory)")
+    return float(d.device_props.memory_bytes), d.device_props.name
 
 
 def large_figure(big: dict, *, title: str | None = None, height: int = 460):

@@ -32,16 +32,6 @@ def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, p
     return CostExplorer(unit_costs, measured, profile, k, policy, pairing, device).widget
 
 
-def _shown_path(path) -> str:
-    """A results file as the reader knows it: relative to the repository when it lies inside it."""
-    from pathlib import Path
-    from ..results import RESULTS
-    try:
-        return str(Path(path).resolve().relative_to(RESULTS.parent))
-    except (TypeError, ValueError):
-        return str(path)
-
-
 class CostExplorer:
     def __init__(self, unit_costs, measured, profile, k, policy, pairing, device):
         import ipywidgets as W
@@ -58,7 +48,7 @@ class CostExplorer:
             unit_costs = spec.measure_unit_costs(unit_costs, k_max=4, reps=3)
         elif isinstance(unit_costs, str) or hasattr(unit_costs, "__fspath__"):
             b = load_bench(unit_costs)
-            source = f"{_shown_path(b.path)} [{b.section}]: {b.model}, {b.provenance}"
+            source = f"{b.path} [{b.name}]: {b.model}, {b.provenance.line()}"
             unit_costs, measured = b.units, (b.runs if measured is None else measured)
             own = b.acceptance.get(pairing or spec.Pairing.ARTICLE)
             if profile is None and own:

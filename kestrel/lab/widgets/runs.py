@@ -95,11 +95,11 @@ def hist_item(x) -> tuple:
 
 
 def as_units(u):
-    """spec.UnitCosts from UnitCosts, its dict, a results name or path (its unit costs), or a SpecBench."""
-    from ..results import SpecBench, load_bench
+    """spec.UnitCosts from UnitCosts, its dict, a results name or path (its unit costs), or a SpecSection."""
+    from ..results import SpecSection, load_bench
     if isinstance(u, spec.UnitCosts):
         return u
-    if isinstance(u, SpecBench):
+    if isinstance(u, SpecSection):
         return u.units
     if isinstance(u, dict):
         return spec.UnitCosts.from_dict(u)

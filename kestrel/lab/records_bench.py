@@ -1,0 +1,214 @@
+"""The kernel and engine benchmarks' results files as typed records (scripts/bench_engine.py,
+bench_projections.py, bench_gdn.py, bench_host.py, compare_bench.py); see kestrel.lab.records."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checks import Field
+from .records import Provenance, read_provenance
+
+
+@dataclass(frozen=True)
+class DeviceProps:
+    name: str
+    memory_bytes: int
+
+
+def read_props(f: Field, device: str) -> DeviceProps | None:
+    if not f.has("device_props"):
+        return None
+    g = f["device_props"]
+    return DeviceProps(g.opt("name", "str") or device, g["memory_bytes"].int(1))
+
+
+# ---- scripts/bench_engine.py -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mark:
+    """mark() and rollback() of the whole recurrent state at one shape."""
+    ms: float
+    rollback_ms: float
+    bytes_S: int                      # the GDN states
+    bytes_hist: int                   # the convolution windows
+    floor_ms: float                   # those bytes at the copy bandwidth
+
+    @property
+    def state_bytes(self) -> int:
+        return self.bytes_S + self.bytes_hist
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    """One shape's engine numbers (ms); tables are M -> value."""
+    preset: str
+    dtype: str
+    greedy_ms: float
+    floor_bytes: int
+    floor_ms: float                   # the weights at the copy bandwidth
+    mark: Mark
+    step_m_ms: dict
+    step_m_over_step: dict
+    verify_ckpt_ms: dict
+    verify_ckpt_over_step: dict
+    mtp_step_ms: float
+    read_floor_ms: float | None = None    # the weights at the streaming-read bandwidth (newer files)
+    verify_cached_ms: dict | None = None
+    replay_step_ms: float | None = None   # one graph-replayed step
+    eager_greedy_ms: float | None = None
+
+
+def read_engine_preset(f: Field) -> EnginePreset:
+    m = f["mark"]
+    replay = f["replay_ms"].opt("step1", "num") if f.has("replay_ms") else None
+    return EnginePreset(
+        f["preset"].str(), f["dtype"].str(), f["greedy_ms"].num(), f["floor_bytes"].int(), f["floor_ms"].num(),
+        Mark(m["ms"].num(), m["rollback_ms"].num(), m["bytes_S"].int(), m["bytes_hist"].int(), m["floor_ms"].num()),
+        f["step_m_ms"].table(), f["step_m_over_step"].table(), f["verify_ckpt_ms"].table(),
+        f["verify_ckpt_over_step"].table(), f["mtp_step_ms"].num(), f.opt("read_floor_ms", "num"),
+        f.opt("verify_cached_ms", "table"), replay, f.opt("eager_greedy_ms", "num"))
+
+
+@dataclass(frozen=True)
+class EngineFile:
+    """results/bench_engine*.json: per shape, greedy, the batch tables, mark/rollback; the
+    device's copy (read + write) and streaming-read bandwidths."""
+    provenance: Provenance
+    path: str
+    device_props: DeviceProps | None
+    presets: tuple                    # EnginePreset (shapes that failed are left out)
+    failed: tuple                     # (preset, error) of the shapes that failed
+    copy_GBps: float                  # bytes read + written per second, / 1e9
+    read_GBps: float | None = None    # a pure streaming read (newer files)
+
+    def preset(self, name: str) -> EnginePreset:
+        from .checks import ResultsFileError
+        for p in self.presets:
+            if p.preset == name:
+                return p
+        raise ResultsFileError(f"{self.path}: presets: no preset {name!r} (has {[p.preset for p in self.presets]})")
+
+
+def read_engine_file(f: Field, path: str) -> EngineFile:
+    prov = read_provenance(f)
+    ok, failed = [], []
+    for p in f["presets"].items():
+        if p.has("error"):
+            failed.append((p["preset"].str(), p["error"].str()))
+        else:
+            ok.append(read_engine_preset(p))
+    read = f["read"]["GBps"].num() if f.has("read") else None
+    return EngineFile(prov, path, read_props(f, prov.device), tuple(ok), tuple(failed),
+                      f["copy"]["GBps_read_plus_write"].num(), read)
+
+
+# ---- scripts/bench_projections.py --------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProjectionShape:
+    shape: str                        # the projection's label (kestrel.lab.sizes.PROJECTIONS)
+    N: int
+    K: int
+    weight_bytes: int
+    us: dict                          # M -> {kernel: microseconds (median)}
+
+
+@dataclass(frozen=True)
+class ProjectionsFile:
+    """results/bench_projections*.json: each projection of a 27B step, per kernel and rows M."""
+    provenance: Provenance
+    path: str
+    engine_gemv: str                  # the bf16 GEMV the engine ran
+    shapes: tuple                     # ProjectionShape (shapes that failed are left out)
+    read_GBps: float
+
+
+def read_projections_file(f: Field, path: str) -> ProjectionsFile:
+    shapes = []
+    for s in f["shapes"].items():
+        if s.has("error"):
+            continue
+        us = {}
+        for M, kernels in s["times"].entries():
+            if not M.isdigit():
+                kernels.fail("timings keyed by rows M")
+            us[int(M)] = {name: t["us"].num() for name, t in kernels.entries()}
+        shapes.append(ProjectionShape(s["shape"].str(), s["N"].int(1), s["K"].int(1), s["weight_bytes"].int(), us))
+    return ProjectionsFile(read_provenance(f), path, f["engine_bf16_gemv"].str(), tuple(shapes),
+                           f["read_bandwidth"]["GBps"].num())
+
+
+# ---- scripts/bench_gdn.py ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GdnPreset:
+    preset: str
+    layers: int
+    state_bytes: int
+    variants: tuple
+    bit_identical: dict               # variant -> matched gdn_recur bit for bit
+    us: dict                          # "variant/mode/M" -> microseconds per layer call
+
+
+@dataclass(frozen=True)
+class GdnFile:
+    """results/bench_gdn.json: the GDN recurrence kernels per mode and rows M."""
+    provenance: Provenance
+    path: str
+    ms: tuple
+    modes: tuple
+    presets: tuple
+
+
+def read_gdn_file(f: Field, path: str) -> GdnFile:
+    presets = tuple(GdnPreset(p["preset"].str(), p["layers"].int(1), p["state_bytes"].int(),
+                              tuple(v.str() for v in p["variants"].items()),
+                              {k: v.bool() for k, v in p["bit_identical"].entries()},
+                              {k: v.num() for k, v in p["us"].entries()}) for p in f["presets"].items())
+    return GdnFile(read_provenance(f), path, tuple(m.int(1) for m in f["ms"].items()),
+                   tuple(m.str() for m in f["modes"].items()), presets)
+
+
+# ---- scripts/bench_host.py ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProfileRow:
+    function: str
+    calls_per_step: float
+    own_ms_per_step: float
+    cum_ms_per_step: float
+
+
+@dataclass(frozen=True)
+class HostFile:
+    """results/bench_host*.json: a draft round's device and host times, and its profile."""
+    provenance: Provenance
+    path: str
+    model: str
+    k: int
+    device_ms: dict
+    host_ms: dict
+    profile: tuple                    # ProfileRow
+
+
+def read_host_file(f: Field, path: str) -> HostFile:
+    prof = tuple(ProfileRow(r["function"].str(), r["calls_per_step"].num(), r["own_ms_per_step"].num(),
+                            r["cum_ms_per_step"].num()) for r in f["profile"].items())
+    return HostFile(read_provenance(f), path, f["model"].str(), f["k"].int(1),
+                    {k: v.num() for k, v in f["device_ms"].entries()},
+                    {k: v.num() for k, v in f["host_ms"].entries()}, prof)
+
+
+# ---- scripts/compare_bench.py ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    """Two engine benchmarks of one session: per preset, quantity -> (before, after)."""
+    provenance: Provenance            # date: the later run's
+    path: str
+    date_before: str
+    labels: tuple
+    presets: dict
+
+
+def read_comparison_file(f: Field, path: str) -> Comparison:
+    labels = tuple(x.str() for x in f["labels"].items())
+    if len(labels) != 2:
+        f["labels"].fail("two labels, [before, after]")
+    presets = {name: {q: (v["before"].num(), v["after"].num()) for q, v in rows.entries()}
+               for name, rows in f["presets"].entries()}
+    return Comparison(read_provenance(f, "date_after"), path, f["date_before"].str(), labels, presets)
