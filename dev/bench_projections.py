@@ -47,6 +47,7 @@ import gemv_variants as dev  # noqa: E402  (this folder: the variants no engine 
 from kestrel.lab import results  # noqa: E402
 from kestrel import settings  # noqa: E402
 sys.path.insert(0, str(ROOT / "scripts"))
+from timing import med, time_cupy_graph  # noqa: E402
 
 SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
     ("gdn in_proj [qkv|z|b|a]", 16480, 5120, "store"),
@@ -59,8 +60,6 @@ SHAPES = [  # label, output rows N, K, epilogue (as the 27B program uses it)
 MS = (1, 2, 3, 4, 8)
 F32 = 2e-5            # the tests' bound for one fp32 projection vs float64 / the twin
 
-def med(xs):
-    return float(statistics.median(xs)) if xs else float("nan")
 
 
 def log(*a):
@@ -68,31 +67,6 @@ def log(*a):
 
 
 # ---- timing -------------------------------------------------------------------------------------
-def time_cupy_graph(cp, stream, issue, per_graph: int, reps: int) -> dict:
-    """issue() enqueues per_graph launches on the current stream: warm-up, capture, replay."""
-    with stream:
-        issue()
-    stream.synchronize()
-    with stream:
-        stream.begin_capture()
-        try:
-            issue()
-        finally:
-            g = stream.end_capture()
-    for _ in range(2):
-        g.launch(stream)
-    stream.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record(stream)
-        g.launch(stream)
-        e1.record(stream)
-        e1.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / per_graph)
-    return {"us": med(ts), "us_min": min(ts), "us_max": max(ts)}
-
-
 def time_torch_graph(torch, issue, per_graph: int, reps: int) -> dict:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

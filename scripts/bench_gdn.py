@@ -29,7 +29,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_projections import time_cupy_graph  # noqa: E402
+from timing import time_cupy_graph  # noqa: E402
 from kestrel.lab import results  # noqa: E402
 from kestrel import settings  # noqa: E402
 

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("stem", ["bench_projections", "bench_projections_sweep"])
 def test_bench_projections_table_is_rendered_from_its_json(tmp_path, stem):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_projections.py"), "--render",
+    r = subprocess.run([sys.executable, str(ROOT / "dev" / "bench_projections.py"), "--render",
                         str(ROOT / "results" / f"{stem}.json"), "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -100,7 +100,7 @@ def read_engine_file(f: Field, path: str) -> EngineFile:
                       f["copy"]["GBps_read_plus_write"].num(), read)
 
 
-# ---- scripts/bench_projections.py --------------------------------------------------------------------
+# ---- dev/bench_projections.py --------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProjectionShape:
     shape: str                        # the projection's label (kestrel.lab.sizes.PROJECTIONS)

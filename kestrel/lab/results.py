@@ -115,7 +115,7 @@ def load_engine(source="bench_engine", folder: Path | None = None) -> EngineFile
 
 
 def load_projections(source="bench_projections", folder: Path | None = None) -> ProjectionsFile:
-    """A results file of scripts/bench_projections.py."""
+    """A results file of dev/bench_projections.py."""
     return _read(read_projections_file, source, folder)
 
 

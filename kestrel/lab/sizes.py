@@ -41,7 +41,7 @@ def sizes_table(configs=None, seq_len: int = 4096) -> list:
     return [state_sizes(c, seq_len) for c in configs]
 
 
-# The projection shapes of one decode step, as scripts/bench_projections.py labels them.
+# The projection shapes of one decode step, as dev/bench_projections.py labels them.
 PROJECTIONS = ("gdn in_proj [qkv|z|b|a]", "attn [q|k|v]", "mlp [gate|up] + SwiGLU", "mlp down",
                "out_proj / o_proj", "lm_head")
 

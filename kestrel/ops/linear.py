@@ -20,7 +20,7 @@ whose K, row stride or address is not a multiple of 8 elements / 16 bytes, alway
 CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4 elements /
 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; "fma" and "tmb" differ
 in the last bits, so one engine uses one of them throughout. Which is faster where is measured
-by scripts/bench_engine.py and scripts/bench_projections.py (results/bench_engine*.md,
+by scripts/bench_engine.py and dev/bench_projections.py (results/bench_engine*.md,
 results/bench_projections.md). Kernel variants that no engine option selects (the first
 tensor-core GEMV, shape sweeps) live in dev/ with their harness.
 """
