@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Execute the book's notebooks in place and stamp where/when they ran.
+"""Execute the book's notebooks (in place, or into --out-dir) and stamp where/when they ran.
 
     python scripts/execute_notebooks.py                  # every book/*.ipynb
     python scripts/execute_notebooks.py book/ch05_*.ipynb --timeout 1200
+    python scripts/execute_notebooks.py --out-dir _build/executed/book   # book/ untouched
 
 Each notebook is run top to bottom in a fresh ``python3`` kernel (cwd = the notebook's
 folder, repository root on PYTHONPATH so ``import kestrel`` works without installing),
@@ -90,7 +91,8 @@ def device_description() -> str:
 
 
 def execute(path: Path, *, timeout: int, kernel: str, allow_errors: bool, device: str,
-            command: str) -> tuple[bool, float, str]:
+            command: str, out: Path) -> tuple[bool, float, str]:
+    """Run `path` (cwd: its folder) and write the executed, stamped notebook to `out`."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -119,7 +121,7 @@ def execute(path: Path, *, timeout: int, kernel: str, allow_errors: bool, device
     }
     nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3",
                                           "language": "python"})
-    nbformat.write(nb, path)
+    nbformat.write(nb, out)
     return True, dur, error
 
 
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", default="python3", help="kernel name (default python3)")
     ap.add_argument("--allow-errors", action="store_true",
                     help="keep going past failing cells and write the notebook anyway")
+    ap.add_argument("--out-dir", type=Path, default=None,
+                    help="write the executed notebooks here instead of over the sources")
     args = ap.parse_args(argv)
 
     paths = args.notebooks or sorted((ROOT / "book").glob("*.ipynb"))
@@ -139,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print("execute_notebooks: no notebooks found", file=sys.stderr)
         return 1
+    if args.out_dir is not None:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
     # The kernel inherits our environment: make `import kestrel` resolve to this checkout.
     pp = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([pp] if pp else []))
@@ -150,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"execute_notebooks: {len(paths)} notebook(s) on {device}", flush=True)
     failed = 0
     for p in paths:
+        out = p if args.out_dir is None else args.out_dir.resolve() / p.name
         ok, dur, err = execute(p, timeout=args.timeout, kernel=args.kernel,
-                               allow_errors=args.allow_errors, device=device, command=command)
-        name = os.path.relpath(p, ROOT)
+                               allow_errors=args.allow_errors, device=device, command=command, out=out)
+        name = os.path.relpath(out, ROOT)
         if ok:
             print(f"  ok    {name}  ({dur:.1f} s){'  [with errors]' if err else ''}", flush=True)
         else:
