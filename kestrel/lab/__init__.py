@@ -1,0 +1,15 @@
+"""kestrel.lab: the book's laboratory, beside the core and never imported by it.
+
+    sweep.py      every size and k (the roofline), the 27B runs live where a GPU holds them
+    results.py    results files: the writer the benchmark scripts use, the validating readers
+    records*.py   the typed records those readers return; checks.py their field checks
+    plots.py      offline plotly figures, provenance stamps, tables, the spread of repeats
+    sizes.py      state and weight sizes per shape (chapter 1), projection uses (chapter 7)
+    undo.py       chapter 8's storage, traffic and timing of the three ways to undo
+    primer.py     the back-of-envelope speedup of the primer chapter
+    diagrams/     the mechanism drawn by code: round timelines, the state ring, the cursors
+    widgets/      the live replay and the cost explorer, each with a static twin
+
+The lab reads the core (kestrel.*) and the repository's results/ folder; the core needs neither.
+It imports plotly and ipywidgets, which a plain `import kestrel` never loads.
+"""
