@@ -1,6 +1,7 @@
 """kestrel.lab: the book's laboratory, beside the core and never imported by it.
 
-    sweep.py      every size and k (the roofline), the 27B runs live where a GPU holds them
+    sweep.py      every size and k, the 27B runs, each live where a GPU holds it, else recorded
+    roofline.py   what a step reads and launches, the read bandwidth, the floor, where a size fits
     results.py    results files: the writer the benchmark scripts use, the validating readers
     records*.py   the typed records those readers return; checks.py their field checks
     plots.py      offline plotly figures, provenance stamps, tables, the spread of repeats

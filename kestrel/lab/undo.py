@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kestrel import speculative as spec
+from kestrel.config import PRESETS
+
+from . import sweep
+from .checks import ResultsFileError
 from .diagrams.common import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
 from kestrel.program import param_count
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
-           "bit_exact_matrix", "gpu_holds", "large_comparison", "large_table", "projection_figure",
+           "bit_exact_matrix", "large_comparison", "large_table", "projection_figure",
            "projection_rows", "fmt_bytes", "storage_table", "short_source", "fits_rows", "device_memory", "large_figure", "fold_matches_steps",
            "cost_rows"]
 
@@ -251,24 +255,10 @@ def bit_exact_matrix(model, starts, *, T: int = 32, ks=(1, 2, 3, 4), drafters=("
 
 
 # ---- the 27B shape: live on a GPU that holds it, else the results file ---------------------------------
-LARGE = "qwen3.5-27b"
-LARGE_SCHEDULES = (("article histogram", 3, {"hist": spec.ARTICLE_HIST}, "article"),
-                   ("E16 profile", 3, {"profile": spec.E16_PROFILE}, "trained"))
-
-
-def gpu_holds(preset: str = LARGE, dtype: str = "bf16", headroom: float = 1.25) -> tuple:
-    """(True, why) when CuPy sees a GPU whose free memory holds the preset's weights (and
-    `headroom` for states, caches and plans), else (False, why)."""
-    from kestrel.backend import cuda_available
-    from kestrel.config import PRESETS
-    if not cuda_available():
-        return False, "no CUDA GPU is visible here"
-    import cupy
-    free, total = cupy.cuda.runtime.memGetInfo()
-    need = param_count(PRESETS[preset]) * (2 if dtype == "bf16" else 4) * headroom
-    if free < need:
-        return False, f"the GPU has {free / 2**30:.0f} GiB free; {preset} in {dtype} needs about {need / 2**30:.0f} GiB"
-    return True, f"the GPU has {free / 2**30:.0f} GiB free of {total / 2**30:.0f} GiB"
+# Chapter 8 sets the four policies side by side on two of sweep.LARGE_SCHEDULES (k = 3): the article's
+# histogram on its pairing, the E16 profile on the trained one. One path (sweep.large_section), one table.
+LARGE_PICKS = (("article histogram", 3, spec.Pairing.ARTICLE), ("E16 profile", 3, spec.Pairing.TRAINED))
+LARGE_SCHEDULES = tuple(s for s in sweep.LARGE_SCHEDULES if (s[0], s[1], s[3]) in LARGE_PICKS)
 
 
 def _state_per_token(cfg, policy, hist: dict, k: int) -> dict:
@@ -283,85 +273,43 @@ def _state_per_token(cfg, policy, hist: dict, k: int) -> dict:
     return {"read+written": rw / max(tok, 1), "kept": pol.state_traffic(cfg, k, 0)["kept"]}
 
 
-def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repeats: int = 3, seed: int = 0) -> dict:
+def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repeats: int = 3) -> dict:
     """The four policies at the Qwen3.5-27B shape (random bf16 weights; the replay drafter forces
-    the article's histogram on the article pairing and the E16 profile on the trained one, k = 3).
-
-    live=None: run live when a GPU holds the model (gpu_holds), else read results/bench_spec.json.
-    -> {"live", "source" (a provenance line), "why", "rows": [{schedule, pairing, policy, ms (median,
-    lo, hi), speedup (median, lo, hi), greedy, bit_exact, state_per_token}], "missing": [...]}"""
-    from kestrel.config import PRESETS
-    cfg = PRESETS[LARGE]
-    ok, why = gpu_holds()
-    live = ok if live is None else live
-    if live:
-        return _large_live(cfg, T, P, repeats, seed, why)
-    return _large_from_results(cfg, why)
-
-
-def _large_live(cfg, T, P, repeats, seed, why) -> dict:
-    import kestrel
-    from .plots import measured_here
-    model = kestrel.load(LARGE, device="cuda", dtype="bf16", seed=seed)
-    rng = np.random.default_rng(seed)
-    prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, P)]
-    ref = kestrel.generate(model, prompt, T)
-    units = spec.measure_unit_costs(model, k_max=4, ctx=P + T // 2, reps=5)
-    rows = []
-    for sname, k, src, pairing in LARGE_SCHEDULES:
-        ts = time_policies(model, [("random prompt", prompt)], T=T, k=k, drafter="replay", repeats=repeats,
-                           schedule=lambda i, src=src, pairing=pairing: spec.Schedule(**src, pairing=pairing))
-        for t in ts:
-            rows.append(_row(cfg, sname, pairing, k, t.policy, t.ms, t.speedups, t.greedy_ms, t.bit_exact,
-                             t.median_summary.hist))
-    p = measured_here(model)
-    del model
-    return {"live": True, "why": why, "rows": rows, "missing": [], "T": T, "repeats": repeats, "units": units,
-            "device": p["device"], "date": p["date"],
-            "source": f"measured live on {p['device']} at {p['date']} ({repeats} repeats, T = {T})",
-            "greedy_ref_tokens": len(ref)}
-
-
-def _row(cfg, sname, pairing, k, policy, ms, speedups, greedy, exact, hist) -> dict:
-    med = statistics.median
-    return {"schedule": sname, "pairing": pairing, "policy": policy, "ms": (med(ms), min(ms), max(ms)),
-            "speedup": (med(speedups), min(speedups), max(speedups)), "greedy": med(greedy),
-            "bit_exact": exact, "state_per_token": _state_per_token(cfg, policy, hist, k)}
-
-
-def _large_from_results(cfg, why) -> dict:
-    from . import results
-    sec = results.load_bench("bench_spec", section="large")
+    the article's histogram on the article pairing and the E16 profile on the trained one, k = 3):
+    sweep.large_section's runs of LARGE_SCHEDULES, live when a GPU holds the shape (live=None
+    decides), else results/bench_spec.json.
+    -> {"live", "source" (a provenance line), "why", "rows": [{schedule, pairing, policy, ms,
+    speedup (each the median over the repeats), greedy, bit_exact, state_per_token}], "missing": [...]}"""
+    sec = sweep.large_section(live, T=T, P=P, repeats=repeats, schedules=LARGE_SCHEDULES)
+    cfg = PRESETS[sweep.LARGE]
     rows, missing = [], []
-    for sname, k, _, pairing in LARGE_SCHEDULES:
+    for sname, k, pairing in LARGE_PICKS:
         for pol in POLICY_NAMES:
-            s = next((r for r in sec.runs if r.schedule == sname and r.pairing.value == pairing
-                      and r.policy.name == pol and r.k == k), None)
-            if s is None:
-                missing.append(f"{pol} ({sname}, {pairing} pairing)")
+            try:
+                s = sec.data.run(k=k, policy=pol, schedule=sname, pairing=pairing)
+            except ResultsFileError:
+                missing.append(f"{pol} ({sname}, {pairing.value} pairing)")
                 continue
-            rows.append(_row(cfg, sname, pairing, k, pol, [s.ms_per_token], [s.speedup],
-                             [s.greedy_ms_per_token], s.bit_exact, s.hist))
-    p = sec.provenance
-    return {"live": False, "why": why, "rows": rows, "missing": missing, "T": sec.T, "repeats": 1,
-            "units": sec.units, "device": p.device, "date": p.date[:10],
-            "source": p.line().replace("measured on", "read from results/bench_spec.json, measured on", 1)}
+            rows.append({"schedule": sname, "pairing": pairing.value, "policy": pol, "ms": s.ms_per_token,
+                         "speedup": s.speedup, "greedy": s.greedy_ms_per_token, "bit_exact": s.bit_exact,
+                         "state_per_token": _state_per_token(cfg, pol, s.hist, k)})
+    p = sec.prov
+    return {"live": sec.live, "why": sec.why, "rows": rows, "missing": missing, "T": sec.data.T,
+            "repeats": sec.data.repeats, "units": sec.data.units, "device": p.device, "date": p.date[:10],
+            "source": sec.source}
 
 
 def large_table(big: dict) -> str:
-    """The 27B rows as text, one block per acceptance pattern (median ms/token, the range of the
-    repeats when there were several, greedy, speedup, state bytes moved per token and kept)."""
+    """The 27B rows as text, one block per acceptance pattern (ms/token and greedy, each the median
+    over the repeats, speedup, state bytes moved per token and kept)."""
     blocks = []
     for sched in dict.fromkeys((r["schedule"], r["pairing"]) for r in big["rows"]):
         rows = []
         for r in big["rows"]:
             if (r["schedule"], r["pairing"]) != sched:
                 continue
-            m, lo, hi = r["ms"]
-            row = {"policy": r["policy"], "ms/token": f"{m:.2f}"}
-            if big.get("repeats", 1) > 1:
-                row["range"] = f"{lo:.2f}..{hi:.2f}"
-            row.update({"greedy": f"{r['greedy']:.2f}", "speedup": f"{r['speedup'][0]:.3f}×",
+            row = {"policy": r["policy"], "ms/token": f"{r['ms']:.2f}"}
+            row.update({"greedy": f"{r['greedy']:.2f}", "speedup": f"{r['speedup']:.3f}×",
                         "state/token": fmt_bytes(r["state_per_token"]["read+written"]),
                         "kept": fmt_bytes(r["state_per_token"]["kept"]), "exact": r["bit_exact"]})
             rows.append(row)
@@ -463,8 +411,8 @@ def device_memory() -> tuple:
 
 
 def large_figure(big: dict, *, title: str | None = None, height: int = 460):
-    """Speedup against greedy at the 27B shape, per schedule and policy (bars: the median; error
-    bars: the range of the repeats when there were several), with 1× marked."""
+    """Speedup against greedy at the 27B shape, per schedule and policy (bars: the median over the
+    repeats), with 1× marked."""
     from .plots import figure
     fig = figure(title, height=height, barmode="group", yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"))
     fig.update_layout(margin=dict(t=80))
@@ -474,14 +422,8 @@ def large_figure(big: dict, *, title: str | None = None, height: int = 460):
         rs = {f"{r['schedule']}, {r['pairing']} pairing": r for r in big["rows"] if r["policy"] == pol}
         if not rs:
             continue
-        ys = [rs[x]["speedup"][0] if x in rs else None for x in scheds]
-        err = dict(type="data", symmetric=False, array=[rs[x]["speedup"][2] - rs[x]["speedup"][0] if x in rs else 0
-                                                        for x in scheds],
-                   arrayminus=[rs[x]["speedup"][0] - rs[x]["speedup"][1] if x in rs else 0 for x in scheds],
-                   color="#333", thickness=1.2, width=4)
-        if big.get("repeats", 1) < 2:
-            err = None
-        fig.add_bar(x=scheds, y=ys, name=f"{pol} ({WAYS[pol]})", marker_color=_policy_color(pol), error_y=err,
+        ys = [rs[x]["speedup"] if x in rs else None for x in scheds]
+        fig.add_bar(x=scheds, y=ys, name=f"{pol} ({WAYS[pol]})", marker_color=_policy_color(pol),
                     text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="outside", cliponaxis=False)
     fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
                   annotation_position="top left")
