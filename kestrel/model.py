@@ -20,21 +20,21 @@ class Model:
         self._drawn_stacks = stacks or {}
         self.w = {n: backend.put_weight(n, t, weight_dtype) for n, t in tensors.items()}
         self.head = self.w["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-        self.main = main_program(cfg)
-        self.mtp = mtp_program(cfg)
+        self.main_prog = main_program(cfg)
+        self.mtp_prog = mtp_program(cfg)
         self.mtp_fill_prog = mtp_fill_program(cfg)
         self.fold_prog = fold_program(cfg)
         self.tokenizer = None
 
     @property
     def has_mtp(self) -> bool:
-        return self.mtp is not None
+        return self.mtp_prog is not None
 
     def forward(self, tokens, pos: int, state, gdn_mode: str = "in_place"):
         """Main model over M rows at positions pos..pos+M-1. Returns (hidden [M,D], logits [M,V]).
         gdn_mode (kestrel/program.py): in_place, checkpoint (row j's state into ring slot
         state.slot + 1 + j) or cache (the live state only read; the inputs kept in state.gdn_in)."""
-        return self.be.run(self, self.main, state, tokens, pos, gdn_mode=gdn_mode)
+        return self.be.run(self, self.main_prog, state, tokens, pos, gdn_mode=gdn_mode)
 
     def fold(self, n: int, state):
         """Run the first n rows of the last cached verify's GDN inputs into the live state, in
@@ -43,7 +43,7 @@ class Model:
 
     def mtp_forward(self, tokens, hidden, pos: int, state):
         """MTP head over M rows at positions pos.. of its own KV cache: (h' [M,D], logits [M,V])."""
-        return self.be.run(self, self.mtp, state, tokens, pos, hid=hidden)
+        return self.be.run(self, self.mtp_prog, state, tokens, pos, hid=hidden)
 
     def mtp_fill(self, tokens, hidden, pos: int, state):
         """The MTP head's KV rows at positions pos.., as mtp_forward writes them; no output."""
@@ -55,7 +55,7 @@ class Model:
         [m, D]) rows written first, in the chain's first pass (so the rows start at pos + m).
         -> (the rows' argmax tokens [k], their h' [k, D]) as backend arrays. The CUDA backend runs
         the whole chain on the device (kestrel/cuda/backend.py: mtp_chain)."""
-        return self.be.mtp_chain(self, self.mtp, state, int(token), hidden, pos, k, forced, fill)
+        return self.be.mtp_chain(self, self.mtp_prog, state, int(token), hidden, pos, k, forced, fill)
 
     def __repr__(self):
         c = self.cfg

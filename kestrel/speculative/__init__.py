@@ -33,7 +33,8 @@ from .pairing import PAIRING_DOC, PAIRINGS, Pairing
 from .policy import (CHECKPOINT, FLEX_REPLAY, INPUT_CACHE, POLICIES, REPLAY, Finalised, Policy, cached_row_bytes,
                      recurrent_bytes)
 from .records import RoundRecord, RunSummary, SpecResult, aggregate, log_lines
-from .round import TAILS, Mistakes
+from .mistakes import Mistakes
+from .round import TAILS
 from .schedule import (ARTICLE_HIST, E16_PROFILE, Schedule, check_hist, check_profile, check_sequence, format_hist,
                        hist_to_sequence, nok_distribution, parse_hist, parse_profile)
 from .stats import PHASE_DOC, PHASES, CondHit, NokStats, conditional_hits, histogram, summarize_noks

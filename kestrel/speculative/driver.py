@@ -23,7 +23,8 @@ from .errors import SpecArgumentError
 from .inputs import check_length, check_size, check_tokens
 from .policy import Policy
 from .records import SpecResult
-from .round import TAILS, Mistakes, SpecRun
+from .mistakes import MistakenRun, Mistakes
+from .round import TAILS, SpecRun
 
 
 @dataclass
@@ -110,8 +111,8 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
         eng = engine
     else:
         eng = Engine(model, max_seq=a.need, mmax=a.k, batch=a.policy.batch)
-    run = SpecRun(model, eng, d, a.prompt, a.T, a.k, a.policy, a.tail, a.mistakes, check, check_rows,
-                  on_round).go()
+    args = (model, eng, d, a.prompt, a.T, a.k, a.policy, a.tail, check, check_rows, on_round)
+    run = (MistakenRun(*args, mistakes=a.mistakes) if a.mistakes.on() else SpecRun(*args)).go()
     be = model.be
     return SpecResult(model=model.cfg.name, device=getattr(be, "device_name", be.name), policy=a.policy,
                       drafter=d.describe(), pairing=d.pairing, k=a.k, T=a.T, batch=a.policy.batch, tail_mode=a.tail,

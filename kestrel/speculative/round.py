@@ -24,11 +24,8 @@ Each phase is timed with the backend's clock (stats.PHASES); 'bookkeeping' is st
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..draft import DraftFeed
 from .drafters import Drafter, RoundCtx, draft_tokens
 from .errors import InvariantError
 from .policy import Policy
@@ -37,42 +34,19 @@ from .records import RoundRecord
 TAILS = ("plain", "shrink")
 
 
-@dataclass(frozen=True)
-class Mistakes:
-    """The deliberately wrong variants (for the book), all off by default.
-
-    emit_self        also emit the self token: ghost (duplicated) tokens; the consumed == emitted
-                     check raises unless check=False
-    double_consume   verify [t_p, d_1..d_{k-1}] at p: position p consumed twice; the engine raises
-                     CursorError
-    mark_first       the negative control: mark() before the draft, and a driver that trusts
-    mark_mtp_cursor  rollback() to rewind the MTP slot (drafts at the engine's MTP cursor). With
-                     the MTP cursor in the snapshot (mark_mtp_cursor=True) the drafts equal the
-                     standard run's; without it the MTP rows drift: other drafts, another
-                     histogram (the stream stays bit-exact: the construction guarantee hides it)
-    feed             the 'mtp' drafter's inputs: 'article-pairing' | 'stale-hidden' (bit-exact,
-                     acceptance collapses)
-    """
-    emit_self: bool = False
-    double_consume: bool = False
-    mark_first: bool = False
-    mark_mtp_cursor: bool = True
-    feed: str = "correct"
-
-    def on(self) -> dict:
-        """The switches that differ from a correct run (recorded in the summary's variants)."""
-        ref = Mistakes()
-        return {k: v for k, v in vars(self).items() if v != getattr(ref, k)}
-
-
 class SpecRun:
-    """One speculative decoding run on an engine that is fresh or reset."""
+    """One speculative decoding run on an engine that is fresh or reset.
+
+    The four methods under "the protocol's choices" are the places where the book's deliberate
+    mistakes differ from the protocol (kestrel/speculative/mistakes.py overrides them); here each
+    is the protocol itself."""
+    trusting = False      # whether the driver trusts rollback() to rewind the MTP slot (it does not)
 
     def __init__(self, model, eng, drafter: Drafter, prompt, T: int, k: int, policy: Policy, tail: str,
-                 mistakes: Mistakes, check: bool, check_rows: bool, on_round=None):
+                 check: bool, check_rows: bool, on_round=None):
         self.model, self.be, self.eng, self.d = model, model.be, eng, drafter
         self.prompt, self.T, self.k, self.policy, self.tail = prompt, T, k, policy, tail
-        self.mistakes, self.check, self.check_rows, self.on_round = mistakes, check, check_rows, on_round
+        self.check, self.check_rows, self.on_round = check, check_rows, on_round
         self.stream, self.records = [], []
         self.tail_tokens, self.tail_ms, self.tail_reason = 0, 0.0, ""
 
@@ -99,9 +73,26 @@ class SpecRun:
             self._round(kr)
         return self
 
+    # ---- the protocol's choices ------------------------------------------------------------------
+    def snapshot_before_draft(self, eng) -> bool:
+        """Nothing is marked before the draft: the drafts read the anchored MTP slot."""
+        return False
+
+    def verify_input(self, ctx, drafts, k: int) -> tuple:
+        """The verify's first position and rows: p+1 and the drafts (p is consumed already)."""
+        return ctx.p + 1, drafts
+
+    def snapshot_before_verify(self, eng) -> bool:
+        """The policy's snapshot (mark() or nothing), with the MTP cursor in it."""
+        return self.policy.snapshot(eng, True)
+
+    def emitted(self, consumed: list, self_token) -> list:
+        """What the round emits: the consumed tokens, never the self token."""
+        return list(consumed)
+
     # ---- one round ---------------------------------------------------------------------------
     def _round(self, k):
-        be, eng, ctx, policy, wrong = self.be, self.eng, self.ctx, self.policy, self.mistakes
+        be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
         p = ctx.p
         ev, names = [be.now()], []
 
@@ -110,17 +101,12 @@ class SpecRun:
             names.append(name)
 
         mcur = eng.mtp_cursor
-        if wrong.mark_first and policy.snapshot(eng, wrong.mark_mtp_cursor):
+        if self.snapshot_before_draft(eng):
             lap("mark")
-        q0 = eng.mtp_cursor if wrong.mark_first else p          # mark_first: the driver trusts the cursor
-        drafts = self.d.draft(eng, ctx, k, q0)
+        drafts = self.d.draft(eng, ctx, k, eng.mtp_cursor if self.trusting else p)
         lap("draft")
-        if wrong.double_consume:      # the article's first verify: position p once more
-            vpos = p
-            vtoks = drafts.after(ctx.t_p) if isinstance(drafts, DraftFeed) else [ctx.t_p] + drafts[:k - 1]
-        else:
-            vpos, vtoks = p + 1, drafts
-        if not wrong.mark_first and policy.snapshot(eng, wrong.mark_mtp_cursor):
+        vpos, vtoks = self.verify_input(ctx, drafts, k)
+        if self.snapshot_before_verify(eng):
             lap("mark")
         s = policy.verify(eng, vpos, vtoks)
         lap("verify")
@@ -132,16 +118,14 @@ class SpecRun:
             n_ok += 1
         consumed = drafts[:n_ok] if n_ok >= 1 else [ctx.a_p]
         self_token = rows[n_ok - 1] if n_ok >= 1 else None
-        emitted = list(consumed)
-        if wrong.emit_self and n_ok >= 1:
-            emitted.append(self_token)              # WRONG on purpose: the ghost token
+        emitted = self.emitted(consumed, self_token)
         lap("bookkeeping")
 
         fin = policy.finalise(eng, s, p, consumed, n_ok, k, lap)
         if self.check_rows and fin.replayed_logits is not None and n_ok >= 1:
             self._check_rows(s, fin.hidden, fin.replayed_logits, n_ok)
 
-        self.d.sync(eng, ctx, consumed, fin.hidden, rolled_back=fin.rolled_back, trusting=wrong.mark_first)
+        self.d.sync(eng, ctx, consumed, fin.hidden, rolled_back=fin.rolled_back, trusting=self.trusting)
         lap("sync")
 
         adv = len(consumed)
@@ -196,7 +180,7 @@ class SpecRun:
         if eng.pending is not None:
             raise InvariantError(f"round {len(self.records)}: a checkpointed verify is still pending")
         held = self.d.pending_rows      # confirmed rows the drafter's next chain writes first
-        if not self.mistakes.mark_first and eng.mtp_cursor + held != ctx.p:
+        if not self.trusting and eng.mtp_cursor + held != ctx.p:
             raise InvariantError(f"round {len(self.records)}: MTP cursor {eng.mtp_cursor} + {held} rows the drafter "
                                  f"holds != p = {ctx.p}")
 

@@ -11,7 +11,7 @@ from reference64 import attn_token
 
 
 def _mixer_ops(model, a):
-    ops = model.main.ops
+    ops = model.main_prog.ops
     i = next(n for n, op in enumerate(ops) if op.kind == "attention" and op.state == ("kv", a))
     return ops[i - 1:i + 2]
 
@@ -27,7 +27,7 @@ def test_attention_vs_float64(model, rng):
     x0 = rng.standard_normal((n, cfg.hidden_size)).astype(np.float32)
     got = []
     for lo, hi in ((0, 5), (5, n)):
-        env = model.be.execute(model, model.main, _mixer_ops(model, 0), {"xn": xs[lo:hi], "x": x0[lo:hi].copy()}, st, lo)
+        env = model.be.execute(model, model.main_prog, _mixer_ops(model, 0), {"xn": xs[lo:hi], "x": x0[lo:hi].copy()}, st, lo)
         got.append(env["x"] - x0[lo:hi])
     K, V = [], []
     ref = np.stack([attn_token(cfg, w, p, xs[j].astype(np.float64), K, V, j) for j in range(n)])

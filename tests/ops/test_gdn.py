@@ -12,7 +12,7 @@ from reference64 import gdn_token
 
 def _mixer_ops(model, g):
     """The program's ops of GDN layer g's mixer: in-projection, gdn, out-projection (+= x)."""
-    ops = model.main.ops
+    ops = model.main_prog.ops
     i = next(n for n, op in enumerate(ops) if op.kind == "gdn" and op.state == ("gdn", g))
     return ops[i - 1:i + 2]
 
@@ -29,7 +29,7 @@ def test_gdn_mixer_vs_float64(model, rng, m):
     st.S[1, g], st.hist[1, g] = S0, h0
     xn = rng.standard_normal((m, cfg.hidden_size)).astype(np.float32)
     x0 = rng.standard_normal((m, cfg.hidden_size)).astype(np.float32)
-    env = model.be.execute(model, model.main, _mixer_ops(model, g), {"xn": xn, "x": x0.copy()}, st, 0)
+    env = model.be.execute(model, model.main_prog, _mixer_ops(model, g), {"xn": xn, "x": x0.copy()}, st, 0)
     Sr, hr = S0.astype(np.float64), h0.astype(np.float64)
     ref = np.stack([gdn_token(cfg, w, p, xn[j].astype(np.float64), Sr, hr) for j in range(m)])
     assert rel(env["x"] - x0, ref) < 1e-4
