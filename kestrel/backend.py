@@ -28,8 +28,8 @@ from .ops import rope as _rope
 def _single_threaded_blas():
     """Run BLAS on one thread (process-wide). kestrel's projections are small GEMMs (8 rows),
     where handing work to a second thread costs more than it saves, and OpenBLAS threads that
-    spin-wait on a busy 2-core machine made a tiny-model token take 645 ms instead of 10 ms
-    (measured 2026-11-30). Results do not depend on it: each output element's reduction order
+    spin-wait on a busy 2-core machine made a tiny-model token take tens of times longer
+    than on one. Results do not depend on it: each output element's reduction order
     is the same on one thread or several."""
     try:
         from threadpoolctl import threadpool_limits

@@ -227,8 +227,7 @@ def tmb_kernel(tiles: int, ks: int, epilogue: str = "store") -> tuple:
     where all of gemv_tmr's blocks of one row group (M <= 8) fit on the GPU at once, else
     ("tmb", tmb_shape).
     gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
-    wave runs its few warps alone (on the H200, 27B gate|up: 95 µs against gemv_tmb's 90, in a
-    development run, results/cuda_notes.md); gemv_tmb,
+    wave runs its few warps alone (the 27B gate|up is slower on it: results/cuda_notes.md); gemv_tmb,
     whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
     t, p = tmr_shape(tiles, ks)
     fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")

@@ -7,7 +7,7 @@ from .. import nvrtc as L
 
 UNROLLS = (4, 8)
 # (UNROLL loads in flight, blocks per multiprocessor, threads a block): the shapes timed; the
-# fastest is the device's read bandwidth (on the H200 they differ by a few percent)
+# fastest is the device's read bandwidth (results/bench_projections.md has each shape's)
 SHAPES = tuple((u, bps, t) for u in UNROLLS for bps, t in ((4, 512), (8, 256), (16, 256), (32, 128)))
 MAX_BLOCKS_PER_SM = max(bps for _, bps, _ in SHAPES)
 
