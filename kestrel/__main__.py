@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 
 from .errors import DeviceError, KestrelError
+import kestrel
+from kestrel.speculative import default_starts, DRAFTERS, FEEDS, PAIRINGS, POLICIES, TAILS
+from kestrel import speculative as spec
 
 
 class UsageError(Exception):
@@ -46,7 +49,6 @@ def _count(lo: int):
 
 
 def _load(args):
-    import kestrel
     model = args.model
     if model != "tiny" and model not in kestrel.PRESETS and not Path(model).is_dir():
         raise UsageError(f"--model {model!r}: not 'tiny', a preset ({', '.join(kestrel.PRESETS)}) "
@@ -60,7 +62,6 @@ def _load(args):
 
 
 def _starts(model, which: str):
-    from kestrel.speculative import default_starts
     allst = default_starts(model)
     if which == "all":
         return list(enumerate(allst))
@@ -113,7 +114,6 @@ def _checked(fn, what: str):
 # ---- spec --------------------------------------------------------------------------------------
 def check_spec(args):
     """-> (model, starts, run_spec keyword arguments), every start's arguments checked."""
-    from kestrel import speculative as spec
     _check_output(args.json)
     if args.drafter != "replay" and (args.hist or args.profile):
         raise UsageError("--hist/--profile drive the replay drafter: add --drafter replay")
@@ -137,7 +137,6 @@ def check_spec(args):
 
 
 def cmd_spec(args) -> int:
-    from kestrel import speculative as spec
     model, starts, kw = check_spec(args)
     results = []
     print(f"[spec] model={model.cfg.name} ({model.source}) device={getattr(model.be, 'device_name', model.be.name)} "
@@ -165,7 +164,6 @@ def cmd_spec(args) -> int:
 
 # ---- accept ------------------------------------------------------------------------------------
 def cmd_accept(args) -> int:
-    from kestrel import speculative as spec
     _check_output(args.json)
     model = _load(args)
     starts = _starts(model, args.starts)
@@ -192,7 +190,6 @@ def cmd_accept(args) -> int:
 
 # ---- costs -------------------------------------------------------------------------------------
 def cmd_costs(args) -> int:
-    from kestrel import speculative as spec
     _check_output(args.json)
     if args.hist and args.profile:
         raise UsageError("give one of --hist and --profile")
@@ -228,7 +225,6 @@ def cmd_costs(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from kestrel.speculative import DRAFTERS, FEEDS, PAIRINGS, POLICIES, TAILS
     ap = _Parser(prog="python -m kestrel", description="kestrel: speculative decoding with an MTP "
                  "draft head on hybrid GDN + attention models")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)

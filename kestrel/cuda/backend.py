@@ -19,7 +19,6 @@ import numpy as np
 
 from ..config import Config
 from ..draft import DraftFeed
-from ..ops import gdn as _gdn
 from ..ops import head as _head
 from ..ops import linear as _linear
 from ..ops import rope as _rope

@@ -29,11 +29,16 @@ import sys
 from typing import Any
 
 from kestrel import settings
+from kestrel.nvrtc import device_props
 
 __all__ = ["show", "figure", "stamp", "measured_here", "device_name", "table", "Spread", "spread", "repeat",
            "print_wrapped"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
+# one colour per round phase and per undo policy, in every figure, diagram and widget
+PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
+                "replay": "#e377c2", "sync": "#8c564b", "bookkeeping": "#7f7f7f", "tail": "#bcbd22"}
+POLICY_COLORS = {"replay": "#d62728", "flex-replay": "#ff7f0e", "checkpoint": "#2ca02c", "input-cache": "#17becf"}
 DEFAULT_HEIGHT = 420
 # No mode bar (it sat over the titles); figures follow the width of their box.
 PLOT_CONFIG = {"displaylogo": False, "responsive": True, "displayModeBar": False}
@@ -220,7 +225,6 @@ def device_name(device: Any = None) -> str:
         return settings.get("KESTREL_DEVICE_NAME")
     if sys.modules.get("cupy") is not None:     # only where CuPy is already in use
         try:
-            from kestrel.nvrtc import device_props
             return device_props()["name"] + " (GPU)"
         except Exception:
             pass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import Field
+from .checks import Field, ResultsFileError
 from .records import Provenance, read_provenance
 
 
@@ -80,7 +80,6 @@ class EngineFile:
     read_GBps: float | None = None    # a pure streaming read (newer files)
 
     def preset(self, name: str) -> EnginePreset:
-        from .checks import ResultsFileError
         for p in self.presets:
             if p.preset == name:
                 return p

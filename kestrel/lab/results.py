@@ -20,6 +20,7 @@ from .checks import Field, ResultsFileError
 from .records import Provenance, SpecFile, SpecSection, read_section, read_spec_file, read_sweep
 from .records_bench import (Comparison, EngineFile, GdnFile, HostFile, ProjectionsFile, read_comparison_file,
                             read_engine_file, read_gdn_file, read_host_file, read_projections_file)
+from .plots import annotate_provenance
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 MAX_BYTES = 8 << 20        # the largest results file read (the largest committed one is under 300 kB)
@@ -168,7 +169,6 @@ def live_sweep(data: dict):
 def annotate(fig, prov: Provenance) -> str:
     """Write a provenance line into a figure (the static book shows it) and return it."""
     line = prov.line()
-    from .plots import annotate_provenance
     annotate_provenance(fig, line.replace("`", ""))
     return line
 

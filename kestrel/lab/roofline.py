@@ -16,8 +16,11 @@ import time
 
 import numpy as np
 
-from kestrel.config import PRESETS
+from kestrel.config import PRESETS, load_config
 from kestrel.program import expected_shapes, main_program, param_count
+from kestrel import ASSETS, nvrtc as L
+from kestrel.ops import stream_read
+from kestrel.backend import cuda_available, get_backend
 
 CPU_WEIGHT_LIMIT = 64 * 2 ** 20     # the largest weights a CPU sweep loads (tiny and the test shapes)
 HEADROOM = 1.25                     # GPU memory for states, caches and plans beyond the weights
@@ -36,8 +39,6 @@ def now() -> str:
 def config_of(preset: str):
     """The Config of a preset name ('tiny': the embedded model's config.json)."""
     if preset == "tiny":
-        from kestrel import ASSETS
-        from kestrel.config import load_config
         return load_config(ASSETS / "tiny")
     return PRESETS[preset]
 
@@ -108,8 +109,6 @@ def read_ms(be, nbytes: int, reps: int, warm: int = 2, per_timing: int = 8) -> d
     out = {}
     if getattr(be, "name", "") == "cuda":
         import cupy as cp
-        from kestrel import nvrtc as L
-        from kestrel.ops import stream_read
         sms = be.device_props["sm_count"]
         buf = cp.ones(nbytes // 4, cp.uint32)
         sink = stream_read.out_buffer(sms)
@@ -192,7 +191,6 @@ def resident_bytes(preset: str, dtype: str = "bf16") -> int:
 def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
     """(True, why) when this machine's backend is a CUDA GPU whose free memory holds the largest
     of `presets` (weights x headroom, one at a time), else (False, why)."""
-    from kestrel.backend import cuda_available, get_backend
     if not cuda_available():
         return False, f"no CUDA GPU is visible here; the backend is {get_backend('cpu').device_name}"
     be = get_backend("auto")
@@ -209,7 +207,6 @@ def gpu_fits(presets, dtype: str = "bf16", headroom: float = HEADROOM) -> tuple:
 def runnable(presets, device: str = "auto", dtype: str = "bf16") -> tuple:
     """(the presets this machine's backend runs, [(preset, why not)]): on a GPU, those whose
     weights fit its free memory; on the CPU, those with weights under CPU_WEIGHT_LIMIT."""
-    from kestrel.backend import get_backend
     be = get_backend(device)
     ok, skipped = [], []
     free = None

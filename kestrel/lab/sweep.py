@@ -44,7 +44,10 @@ from kestrel.speculative.pairing import Pairing
 from kestrel.speculative.policy import POLICIES, Policy
 from kestrel.speculative.records import aggregate
 from kestrel.speculative.schedule import ARTICLE_HIST, E16_PROFILE, Schedule
-from kestrel.speculative.units import measure_unit_costs
+from kestrel.speculative.units import measure_unit_costs, UnitCosts
+from kestrel.speculative.driver import run_spec
+import kestrel
+from kestrel.backend import get_backend
 
 SIZE_PRESETS = ("tiny", "qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")
 QUICK_PRESETS = ("test-a", "test-b")          # CPU stand-ins: the same code path in seconds
@@ -99,7 +102,6 @@ def measure_size(model, *, ks=KS, policy="checkpoint", pairing="trained", profil
                  P: int = 32, repeats: int = 1, reps: int = 5, seed: int = 0, log=_quiet) -> dict:
     """Greedy ms/token, unit costs and run_spec at every k for one loaded model: the replay
     drafter forces `profile` (seeded), greedy is timed in each call and is the reference."""
-    from kestrel.speculative.driver import run_spec
     pol, pr = Policy.parse(policy), Pairing.parse(pairing)
     cfg = model.cfg
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
@@ -140,8 +142,6 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
     "pairing", "profile", "bandwidth_Bps", "launch_ms_per_kernel", "sizes": [...], "skipped"}.
     Each size: {"preset", "model", "weights", "params", "weight_bytes", "floor_ms",
     "kernels_per_step", "greedy_ms_per_token", "units", "runs": [one row per k], "roofline"}."""
-    import kestrel
-    from kestrel.backend import get_backend
     ks = (k,) if isinstance(k, int) else tuple(k)
     be = get_backend(device)
     if bandwidth:
@@ -165,7 +165,6 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
         sizes.append({"preset": name, **s, "weight_bytes": wb, "floor_ms": wb / bw * 1e3,
                       "kernels_per_step": kernels_per_step(cfg), "seconds": round(time.time() - t0, 1)})
     launch = launch_cost(sizes)
-    from kestrel.speculative.units import UnitCosts
     for s in sizes:
         s["roofline"] = roofline(config_of(s["preset"]), dtype=native_dtype(s["preset"], dtype), bandwidth=bw,
                                  launch_ms_per_kernel=launch, units=UnitCosts.from_dict(s["units"]))
@@ -216,7 +215,6 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
     the cost model beside it) with ms_per_token and greedy_ms_per_token replaced by their medians
     over the repeats, speedup by greedy / spec of those medians, and ms_per_token_range,
     speedup_range (min, max over the repeats) added."""
-    from kestrel.speculative.driver import run_spec
     cfg = model.cfg
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.vocab_size, P)]
     log(f"(b) {model!r} ({model.source}, weights {getattr(model, 'weight_dtype', '?')}): P={P}, T={T}, "
@@ -333,7 +331,6 @@ def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64,
     if live is None:
         live = ok
     if live:
-        import kestrel
         model = kestrel.load(preset, device="cuda", dtype="bf16")
         d = large_runs(model, T=T, P=P, schedules=schedules, repeats=repeats, log=log)
         del model

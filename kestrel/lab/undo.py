@@ -24,10 +24,13 @@ import numpy as np
 from kestrel import speculative as spec
 from kestrel.config import PRESETS
 
-from . import sweep
+from . import sweep, results
 from .checks import ResultsFileError
 from .diagrams.common import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
 from kestrel.program import param_count
+from kestrel.engine import Engine, generate
+from .plots import PHASE_COLORS, figure, annotate_provenance
+from kestrel.speculative.cost import serving_projection
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
            "bit_exact_matrix", "large_comparison", "large_table", "projection_figure",
@@ -158,7 +161,6 @@ def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", sche
     repeat's own rounds (spec.compare). reference: {start index: greedy stream} to skip the
     greedy baseline (then no speedup). Engines are reused, and each policy runs once untimed
     first, so that a GPU backend's captured plans are not timed."""
-    from kestrel.engine import Engine
     toks = [s[1] if isinstance(s, tuple) else s for s in starts]
     if not toks:
         raise spec.SpecArgumentError("time_policies: no starts")
@@ -189,8 +191,6 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 560)
     """ms per token by phase for each policy (the median repeat's phases, stacked), the range of
     the repeats' totals as an error bar, greedy decoding's median and range beside, and the cost
     model's prediction as a marker where it was priced."""
-    from .plots import figure
-    from .widgets.figures import PHASE_COLORS
     labels = [f"{t.policy}<br>({WAYS.get(t.policy, t.policy)})" for t in timings]
     fig = figure(title, height=height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
                  hovermode="closest")
@@ -241,7 +241,6 @@ def bit_exact_matrix(model, starts, *, T: int = 32, ks=(1, 2, 3, 4), drafters=("
     once per start, independently of the run) for every drafter x k x start. The replay drafter
     replays the article's E16 profile on the trained pairing, one seed per start.
     -> {(drafter, k, start index): memcmp value}."""
-    from kestrel.engine import generate
     toks = [s[1] if isinstance(s, tuple) else s for s in starts]
     greedy = [generate(model, t, T) for t in toks]
     out = {}
@@ -328,7 +327,6 @@ def projection_rows(cfg, k: int = 3, n: float | None = None, batches=(1, 4, 16, 
                     contexts=(4096, 32768, 131072)) -> list:
     """spec.cost.serving_projection for B sequences at context L (n: the mean n_ok, default the
     E16 profile's on the trained pairing). A projection of the formulas, not a measurement."""
-    from kestrel.speculative.cost import serving_projection
     n = spec.mean_nok(spec.E16_PROFILE, k, "trained") if n is None else n
     return serving_projection(cfg, k, n, batches=batches, contexts=contexts)
 
@@ -403,7 +401,6 @@ def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 13107
 
 def device_memory() -> tuple:
     """(bytes, name) of the device results/bench_engine.json was measured on."""
-    from . import results
     d = results.load_engine("bench_engine")
     if d.device_props is None:
         raise results.ResultsFileError(f"{d.path}: device_props: missing (the device's memory)")
@@ -413,7 +410,6 @@ def device_memory() -> tuple:
 def large_figure(big: dict, *, title: str | None = None, height: int = 460):
     """Speedup against greedy at the 27B shape, per schedule and policy (bars: the median over the
     repeats), with 1× marked."""
-    from .plots import figure
     fig = figure(title, height=height, barmode="group", yaxis=dict(title="speedup vs greedy (×)", rangemode="tozero"))
     fig.update_layout(margin=dict(t=80))
     legend_below(fig, 48, 30, left=60)
@@ -427,7 +423,6 @@ def large_figure(big: dict, *, title: str | None = None, height: int = 460):
                     text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="outside", cliponaxis=False)
     fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
                   annotation_position="top left")
-    from .plots import annotate_provenance
     annotate_provenance(fig, short_source(big))
     return fig
 
@@ -436,7 +431,6 @@ def fold_matches_steps(model, prompt, drafts, n: int) -> dict:
     """verify_cached(drafts) + fold_cached(n) on one engine, n plain steps of drafts[:n] on
     another: is the live GDN state (S and conv window), every visible KV row and the cursor the
     same, bit for bit? -> {"S": bool, "conv": bool, "kv": bool, "cursor": bool}."""
-    from kestrel.engine import Engine
     need = len(prompt) + len(drafts) + 2
     a = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")
     b = Engine(model, max_seq=need, mmax=len(drafts), batch="flex")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..engine import Engine, generate
 from .errors import SpecArgumentError
+from .inputs import check_length, check_tokens
 
 
 def check_engine(engine, model, need: int, what: str, mmax: int | None = None, batch: str | None = None):
@@ -28,7 +29,6 @@ def greedy_timed(model, prompt, T: int, engine=None):
     state. Returns (stream, decode_ms, prefill_ms); the stream equals kestrel.generate's.
     engine: an Engine to reuse (reset first), e.g. to keep a GPU backend's captured plans
     (a GPU backend keys them on the engine's buffers)."""
-    from .inputs import check_length, check_tokens
     prompt = check_tokens(prompt, model, "prompt")
     T = check_length(T, model, len(prompt))
     need = greedy_need(model, len(prompt), T)

@@ -25,6 +25,7 @@ from .policy import Policy
 from .records import SpecResult
 from .mistakes import MistakenRun, Mistakes
 from .round import TAILS, SpecRun
+from .. import ASSETS
 
 
 @dataclass
@@ -125,7 +126,6 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
 def default_starts(model, n: int = 6, seed: int = 0) -> list:
     """(label, tokens) for the six starts: the tiny model's starts.json prompts (byte tokens) when
     the model has a byte tokenizer, else n seeded random prompts of 4..19 tokens."""
-    from .. import ASSETS
     path = ASSETS / "tiny" / "starts.json"
     tok = getattr(model, "tokenizer", None)
     if tok is not None and path.exists():

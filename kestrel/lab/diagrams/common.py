@@ -1,12 +1,13 @@
 """What every diagram shares: argument checks that name the problem, colours, byte labels, legends."""
 from __future__ import annotations
 
-import math
 
 from kestrel.errors import KestrelError
 from kestrel.inputs import is_int
 from kestrel.ops.linear import ROWS
 from kestrel.speculative.policy import POLICIES
+from kestrel.speculative import Policy, Pairing, UnitCosts
+from ..plots import PHASE_COLORS, POLICY_COLORS, figure
 
 POLICY_NAMES = tuple(POLICIES)     # every policy the driver knows, in its order
 K_MAX = ROWS                        # the widest verify the engine runs (mmax <= ROWS)
@@ -27,7 +28,6 @@ def _int(x, name: str, lo: int, hi: int | None = None) -> int:
 
 
 def _policy(policy):
-    from kestrel.speculative import Policy
     name = getattr(policy, "name", policy)
     if name not in POLICY_NAMES:
         raise DiagramError(f"unknown policy {policy!r}; known: {POLICY_NAMES}")
@@ -35,7 +35,6 @@ def _policy(policy):
 
 
 def _pairing(pairing):
-    from kestrel.speculative import Pairing
     try:
         return Pairing.parse(pairing)
     except KestrelError as e:
@@ -56,7 +55,6 @@ def _n_ok(n_ok, k: int, pairing, allow_none: bool = False):
 
 def _units(unit_costs):
     """-> (UnitCosts, measured?)"""
-    from kestrel.speculative import UnitCosts
     if unit_costs is None:
         return _schematic_units(), False
     if isinstance(unit_costs, UnitCosts):
@@ -72,7 +70,6 @@ def _units(unit_costs):
 def _schematic_units():
     """Unit costs in units of one M=1 step, shaped like a bandwidth-bound device (a batch of M rows
     costs a little more than one row, a draft step a third of a step). For pictures only."""
-    from kestrel.speculative import UnitCosts
     ms = range(1, K_MAX + 1)
     batch = {m: 1.0 + 0.12 * (m - 1) for m in ms}
     return UnitCosts(step=1.0, step_m=batch, ckpt={m: 1.03 * v for m, v in batch.items()},
@@ -84,12 +81,10 @@ def _schematic_units():
 
 # ---- colours ---------------------------------------------------------------------------------------
 def _phase_colors() -> dict:
-    from ..widgets.figures import PHASE_COLORS
     return dict(PHASE_COLORS)
 
 
 def _policy_color(name: str) -> str:
-    from ..widgets.figures import POLICY_COLORS
     return POLICY_COLORS.get(name, "#17becf")       # input-cache: teal
 
 
@@ -150,7 +145,6 @@ class _Canvas:
         self.texts.append((x, y, s, size, color, anchor))
 
     def figure(self, title, height, xr, yr, legend_roles, equal=True, **layout):
-        from ..plots import figure
         fig = figure(title, height=height, showlegend=bool(legend_roles), **layout)
         fig.update_layout(margin=dict(l=20, r=20, t=70), plot_bgcolor="white")
         legend_below(fig, 24 * ((len(legend_roles) + 2) // 3), 6, left=20)

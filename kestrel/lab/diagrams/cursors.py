@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .common import _Canvas, _int, K_MAX, legend_below, _n_ok, _pairing, ROLE_STYLE
+from kestrel.speculative.schedule import advance
 
 
 ROW_PITCH = 1.8        # y distance between two rows of cells (data units)
@@ -14,7 +15,6 @@ def _mtp_rows(pairing, k: int, n: int, m0: int, p: int):
     """The MTP slot through a round: (rows the draft writes {row: input token}, cursor after the
     draft, cursor after the sync, rows after the sync {row: (token, how)}: how is "kept" or
     "held" (the trained pairing's rows the next chain rewrites in its first pass))."""
-    from kestrel.speculative.schedule import advance
     adv = advance(n)
     if pairing.offset == 0:                     # article: row m0+j holds (d_j or t_p, h)
         drafted = {m0 + j: ("t_p" if j == 0 else f"d{j}") for j in range(k)}
@@ -53,7 +53,6 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     k = _int(k, "k", 1, K_MAX)
     n = _n_ok(n_ok, k, pr)
     m0 = pos - 1 if mtp_cursor is None else _int(mtp_cursor, "mtp_cursor", 0, pos + 4 * K_MAX)
-    from kestrel.speculative.schedule import advance
     adv = advance(n)
     after = pos + adv
     drafted, m_draft, m_after, m_kept = _mtp_rows(pr, k, n, m0, pos - 1)
@@ -113,7 +112,6 @@ def cursors(pos: int = 12, k: int = 3, n_ok: int = 1, mtp_cursor: int | None = N
     markers = [("cursor, round start", 0, pos), ("cursor, after the verify", 1, pos + k),
                ("cursor, after accept", 2, after), ("MTP cursor, round start", 3, m0),
                ("MTP cursor, after the draft", 4, m_draft), ("MTP cursor, after the sync", 5, m_after)]
-    from ..plots import figure  # noqa: F401  (the canvas builds the figure)
     legend = ["live", "written", "selected", "discarded", "cached", "folded"]
     xr, yr = (lo - 0.2, hi + 0.2), (ys[5] - 0.7, 1.1)
     pairing_note = {"article": "article pairing: k MTP steps, rows keep the draft-time hiddens",

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 from .common import _Canvas, DiagramError, _fmt_bytes, _int, K_MAX, _n_ok, _policy, ROLE_DOC
+from kestrel.speculative import cached_row_bytes, recurrent_bytes
 
 
 def _ring_stage(policy: str, nslots: int, live: int, k: int, n_ok):
@@ -68,7 +69,6 @@ def state_ring(nslots: int = 4, live: int = 0, k: int = 3, n_ok: int | None = No
     pol = _policy(policy)
     if cfg is not None and not (hasattr(cfg, "gdn_state_bytes") and hasattr(cfg, "gdn_layers")):
         raise DiagramError(f"cfg must be a kestrel Config (model.cfg or kestrel.PRESETS[...]), got {type(cfg).__name__}")
-    from kestrel.speculative import cached_row_bytes, recurrent_bytes
     cv = _Canvas()
     R = max(1.35, nslots * 1.25 / (2 * math.pi))
     h = 0.46                                           # half a slot's side

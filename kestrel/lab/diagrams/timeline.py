@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from .common import (DiagramError, _int, K_MAX, legend_below, _n_ok, _pairing,
                      _phase_colors, _policy, POLICY_NAMES, _units)
-from ..plots import ms_label
+from ..plots import ms_label, figure
+from kestrel.speculative.schedule import advance
+from kestrel.speculative.cost import round_cost
+from kestrel.speculative import SpecArgumentError
 
 
 PHASE_LABELS = {
@@ -20,8 +23,6 @@ PHASE_LABELS = {
 
 def _segments(policy, pairing, k: int, n: int, u) -> list:
     """[(phase, label, ms)] of one round in time order; the ms add up to spec.round_cost."""
-    from kestrel.speculative.schedule import advance
-    from kestrel.speculative.cost import round_cost
     c = policy.cost(u, k, n)
     total = round_cost(u, policy, pairing, k, n)
     seg = []
@@ -67,7 +68,6 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
 
 
 def _check_priced(policy, u, k: int, measured: bool):
-    from kestrel.speculative import SpecArgumentError
     if not policy.priced_by(u):
         raise DiagramError(f"these unit costs did not measure the {policy.name} policy's calls (verify_cached, "
                            f"fold_cached): measure them again with spec.measure_unit_costs")
@@ -87,7 +87,6 @@ LEGEND_LINE_PX = 19     # one legend entry's line at the figures' 12 px font
 
 def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     """rows: [(row label, [(phase, label, ms)])], drawn top to bottom as horizontal bars."""
-    from ..plots import figure
     colors = _phase_colors()
     colors["greedy"] = "#444444"
     ylabels = [r[0] for r in rows]
@@ -145,7 +144,6 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
 
 
 def _greedy_row(n: int, u) -> tuple:
-    from kestrel.speculative.schedule import advance
     adv = advance(n)
     return ("greedy", [("greedy", f"step {j + 1}", u.greedy_ms_per_token) for j in range(adv)])
 

@@ -1,6 +1,8 @@
 """Models and engines the live widgets keep between runs (changing k or the policy never reloads weights;
 a GPU backend's captured plans are keyed on an engine's buffers, so reusing the engine keeps them)."""
 from __future__ import annotations
+from kestrel.backend import cuda_available
+import kestrel
 
 REAL_PRESETS = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")   # random weights, GPU only
 SMALL_MODELS = ("tiny", "test-a", "test-b")
@@ -13,7 +15,6 @@ WARMED: set = set()          # (engine, greedy engine, policy, drafter, pairing)
 def gpu(device: str) -> bool:
     if device == "cpu":
         return False
-    from kestrel.backend import cuda_available
     return cuda_available()
 
 
@@ -27,7 +28,6 @@ def get_model(name: str = "tiny", device: str = "auto", dtype: str | None = None
     """kestrel.load(name, device, dtype), cached. dtype defaults to 'bf16' for the real-shape
     presets and 'fp32' otherwise. Loading a real-shape preset first drops the other real-shape
     presets from the cache (GPU memory)."""
-    import kestrel
     dtype = dtype or ("bf16" if name in REAL_PRESETS else "fp32")
     key = (name, device, dtype)
     if key not in MODELS:
@@ -64,7 +64,6 @@ def clear_cache():
 def engine(model, k: int, batch: str, need: int, cap: int):
     """A cached Engine (mmax=k, batch) with max_seq >= need (allocated at max(need, cap), at most
     the model's max_position_embeddings, so that longer runs reuse it)."""
-    import kestrel
     key = (model, k, batch)
     eng = ENGINES.get(key)
     if eng is None or eng.max_seq < need:

@@ -7,6 +7,8 @@ from .cost_figures import cost_surface_figure
 from .figures import phase_figure
 from .runs import as_units, pad_profile
 from .view import AppBox, FigView, esc, html_table, side_by_side
+from kestrel.model import Model
+from ..results import load_bench
 
 # What the widget shows where it cannot be drawn (ipywidgets cuts a text form at 110 characters).
 TEXT_FORM = "cost_explorer: a live widget; run this cell in a live kernel to move its sliders."
@@ -35,8 +37,6 @@ def cost_explorer(unit_costs=None, measured=None, *, profile=None, k: int = 3, p
 class CostExplorer:
     def __init__(self, unit_costs, measured, profile, k, policy, pairing, device):
         import ipywidgets as W
-        from kestrel.model import Model
-        from ..results import load_bench
         source = ""
         pairing = None if pairing is None else spec.Pairing.parse(pairing)
         if unit_costs is None:

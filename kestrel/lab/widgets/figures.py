@@ -4,18 +4,14 @@ from __future__ import annotations
 
 from kestrel import speculative as spec
 from kestrel.errors import KestrelError
-from ..plots import ms_label
+from ..plots import PHASE_COLORS, POLICY_COLORS, ms_label, figure
 from kestrel.speculative.schedule import is_int
 from .runs import as_runs, hist_item, run_label
 
-PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
-                "replay": "#e377c2", "sync": "#8c564b", "bookkeeping": "#7f7f7f", "tail": "#bcbd22"}
-POLICY_COLORS = {"replay": "#d62728", "flex-replay": "#ff7f0e", "checkpoint": "#2ca02c", "input-cache": "#17becf"}
 TAIL_DOC = "tail: plain M=1 steps after the last round (strict batch, fewer than k left)"
 
 
 def layout_fig(title, height, margin=None, **layout):
-    from ..plots import figure
     fig = figure(title, height=height, **layout)
     legend = layout.get("legend") or {}
     if title and legend.get("orientation") == "h" and (legend.get("y") or 0) >= 1:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from kestrel import speculative as spec
 from ..plots import Spread
+import kestrel
+from .figures import POLICY_COLORS, layout_fig
 
 
 @dataclass
@@ -70,7 +72,6 @@ def repeat_runs(model, prompts, *, repeats: int = 5, T: int = 64, k: int = 3, po
                 drafter="mtp", units=None, warmup: bool = True, **run_kw) -> Repeated:
     """Run spec.run_spec over every prompt, `repeats` times; with `units` (spec.UnitCosts) price
     each repeat's own rounds with the cost model (spec.compare). Other keywords go to run_spec."""
-    import kestrel
     if repeats < 1:
         raise spec.SpecArgumentError(f"repeats must be >= 1, got {repeats}")
     prompts = [list(p) for p in prompts]
@@ -99,7 +100,6 @@ def repeat_runs(model, prompts, *, repeats: int = 5, T: int = 64, k: int = 3, po
 def spread_figure(reps, *, names, title: str | None = None, height: int = 420, predicted: bool = True):
     """Median speedup of each Repeated as a bar, its range (min..max) as an error bar, the cost
     model's median prediction as a black line across the bar, and greedy (1×) as a reference."""
-    from .figures import POLICY_COLORS, layout_fig
     reps = list(reps)
     names = list(names)
     if len(names) != len(reps):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kestrel import speculative as spec
 from kestrel.errors import KestrelError
+from ..results import SpecSection, load_bench
 
 
 @dataclass
@@ -96,7 +97,6 @@ def hist_item(x) -> tuple:
 
 def as_units(u):
     """spec.UnitCosts from UnitCosts, its dict, a results name or path (its unit costs), or a SpecSection."""
-    from ..results import SpecSection, load_bench
     if isinstance(u, spec.UnitCosts):
         return u
     if isinstance(u, SpecSection):

@@ -9,6 +9,8 @@ from . import cache
 from .figures import hist_figure, phase_figure, round_figure
 from .runs import hist_item
 from .view import AppBox, FigView, esc, side_by_side
+import kestrel
+from ..plots import stamp
 
 # What the widget shows where it cannot be drawn (ipywidgets cuts a text form at 110 characters).
 TEXT_FORM = "spec_replay: a live widget; run this cell in a live kernel to pick a run and press Run."
@@ -114,7 +116,6 @@ class SpecReplay:
 
     # ---- controls --------------------------------------------------------------------------
     def _start_options(self, name):
-        import kestrel
         given = self.given if name.endswith("(given)") else None
         if name == "tiny" or getattr(given, "tokenizer", None) is not None:      # the byte-level starts
             texts = kestrel.starts()
@@ -233,7 +234,6 @@ class SpecReplay:
             head += f"; bit-exact: <b>{r.bit_exact}</b>"
             if r.tail_tokens:
                 head += f"; tail: {r.tail_tokens} plain steps"
-            from ..plots import stamp
             line = stamp(device=m["model"], quiet=True)
             self.log.value = ("<pre style='font-size:85%;line-height:1.25'>"
                               + esc("\n".join([f"start {m['label']!r}"] + r.log_lines() + [line])) + "</pre>")

@@ -1,5 +1,6 @@
 """Widget plumbing: a figure shown live, and small HTML helpers."""
 from __future__ import annotations
+from ..plots import PLOT_CONFIG, bundle
 
 
 class FigView:
@@ -15,7 +16,6 @@ class FigView:
             try:
                 import plotly.graph_objects as go
                 self.fw = go.FigureWidget(fig)
-                from ..plots import PLOT_CONFIG
                 self.fw._config = dict(PLOT_CONFIG)
             except ImportError:
                 self.fw = None
@@ -35,7 +35,6 @@ class FigView:
         # The figure's display bundle is set as the Output's outputs, not printed into it under
         # `with output:`: that capture protocol is what notebook runners intercept (nbclient,
         # without saved widget state, fails on it), and this way needs no kernel at all.
-        from ..plots import bundle
         self.widget.outputs = ({"output_type": "display_data", "data": bundle(self.fig, include_json=True),
                                 "metadata": {}},)
 
