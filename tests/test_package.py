@@ -1,6 +1,7 @@
 """The package as it installs: the core without the laboratory, the kernel sources inside the wheel,
 the package list in pyproject.toml matching the tree, and one module reading KESTREL_ variables."""
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -40,9 +41,13 @@ def test_environment_read_in_one_module():
 
 
 def test_wheel_holds_the_kernel_sources_and_the_model(tmp_path):
-    """A non-editable build: the .cu sources ship as kestrel/kernels/, the embedded model as assets."""
+    """A non-editable build (of a copy: a build writes build/ beside the sources): the .cu sources
+    ship as kestrel/kernels/, the embedded model as assets."""
+    src = tmp_path / "src"
+    for name in ("pyproject.toml", "README.md", "kestrel", "kernels"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                        str(tmp_path), str(ROOT)], capture_output=True, text=True)
+                        str(tmp_path), str(src)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = tmp_path.glob("kestrel-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
