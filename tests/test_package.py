@@ -44,6 +44,7 @@ def test_wheel_holds_the_kernel_sources_and_the_model(tmp_path):
     """A non-editable build (of a copy: a build writes build/ beside the sources): the .cu sources
     ship as kestrel/kernels/, the embedded model as assets."""
     src = tmp_path / "src"
+    src.mkdir()
     for name in ("pyproject.toml", "README.md", "kestrel", "kernels"):
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, src / name)
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
