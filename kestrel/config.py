@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from .confined import model_root, parse_json, read_member
 from .errors import ConfigError
+from .inputs import is_int
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 MAX_SIZE = 2 ** 31 - 1          # every size and count fits a signed 32-bit index
@@ -51,11 +53,6 @@ _INT_RANGES = {
 }
 
 
-def is_int(x) -> bool:
-    """An integer value: Python or NumPy ints; never a bool (True is not a size)."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def is_real(x) -> bool:
     """A real number: ints or floats (Python or NumPy); never a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
@@ -71,6 +68,17 @@ def is_float_value(x) -> bool:
     except OverflowError:
         return False
     return math.isfinite(f) and f == x
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def is_f32_positive(x) -> bool:
+    """A float value (is_float_value) that stays finite and positive in float32, the precision
+    the model computes in: rms_norm_eps=1e39 is finite in float64 and infinite in float32, and
+    1e-50 becomes 0. Normal float32 range: [1.18e-38, 3.4e38]."""
+    return is_float_value(x) and _F32_TINY <= float(x) <= _F32_MAX
 
 
 def _int_error(what: str, value, lo: int, hi: int) -> str:
@@ -177,8 +185,8 @@ class Config:
                     f if HF_KEYS[f] == f else f"{f} ({HF_KEYS[f]})", v, lo, hi))
         for f in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, f)
-            if not (is_float_value(v) and v > 0):
-                raise self._error(f, v, "must be a finite number > 0 that a float holds exactly")
+            if not is_f32_positive(v):
+                raise self._error(f, v, _F32_RANGE)
         prf = self.partial_rotary_factor
         if not (is_float_value(prf) and 0 < prf <= 1):
             raise self._error("partial_rotary_factor", prf, "must be a number in (0, 1]")
@@ -264,7 +272,21 @@ _UNSUPPORTED = {
     "dual_chunk_attention_config": (None,),
     "final_logit_softcapping": (None,),
     "attn_logit_softcapping": (None,),
+    "use_qk_norm": (True, None),         # kestrel's attention always norms q and k
+    "qk_layernorm": (True, None),
 }
+# Boolean keys of transformers' generic config that change no number kestrel computes.
+_HARMLESS_FLAGS = frozenset((
+    "use_cache", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "is_encoder_decoder",
+    "is_decoder", "add_cross_attention", "tie_encoder_decoder", "output_router_logits", "use_bfloat16",
+    "_attn_implementation_autoset", "return_dict_in_generate", "do_sample", "early_stopping",
+    "remove_invalid_values", "tf_legacy_loss",
+))
+_READ_KEYS = frozenset([k for k in HF_KEYS.values() if "." not in k] + [
+    "full_attention_interval", "model_type", "text_config", "rope_parameters", "rope_theta", "partial_rotary_factor"])
+_SWITCH_NAME = re.compile(r"(use|enable|apply|with|do|has|is)_.*|.*_(enabled|bias)")
+_F32_RANGE = (f"must be a finite number > 0 that a float holds exactly and that float32 (the model's "
+              f"precision) holds as a normal number, in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
 # rope_parameters keys kestrel understands. mrope_section/mrope_interleaved split the rotary
 # channels between (time, height, width) positions; for text all three positions are the
 # token index, so M-RoPE computes exactly the 1-D RoPE kestrel runs.
@@ -301,6 +323,12 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
             if key in d and not any(_same(d[key], o) for o in ok):
                 raise ConfigError(f"config key {prefix}{key}={d[key]!r} is not supported "
                                   f"(kestrel implements {key}={ok[0]!r})")
+        for key, v in d.items():
+            if key in _UNSUPPORTED or key in _HARMLESS_FLAGS or key in _READ_KEYS:
+                continue
+            if isinstance(v, bool) or (isinstance(key, str) and _SWITCH_NAME.fullmatch(key)):
+                raise ConfigError(f"config key {prefix}{key}={v!r:.60} is a switch kestrel does not know; it may "
+                                  f"change the computation, so it is refused rather than ignored")
     mt = cfg.get("model_type", top.get("model_type"))
     if mt is not None and not (isinstance(mt, str) and mt in _MODEL_TYPES):
         raise ConfigError(f"config key {where}model_type={mt!r} is not a Qwen3.5 dense text model "
@@ -320,10 +348,15 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         if key not in d:
             return default
         v = d[key]
-        if not (is_float_value(v) and v > 0):
-            raise ConfigError(f"config key {label or where + key}={v!r} must be a finite number > 0 "
-                              f"that a float holds exactly")
+        if not is_f32_positive(v):
+            raise ConfigError(f"config key {label or where + key}={v!r} {_F32_RANGE}")
         return float(v)
+
+    def agree(key, inner):
+        """A key given both inside rope_parameters and at the top level must say the same."""
+        if inner is not None and key in cfg and not (is_float_value(cfg[key]) and float(cfg[key]) == inner):
+            raise ConfigError(f"config keys {where}{key}={cfg[key]!r} and {where}rope_parameters.{key}={inner!r} "
+                              f"contradict each other")
 
     def flag(d, key, default, label):
         if key not in d:
@@ -362,14 +395,18 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
             raise ConfigError(f"config key {where}rope_parameters.{k}={rope[k]!r} is not supported "
                               f"(only default 1-D RoPE, or M-RoPE on text)")
     rope_theta = positive_real(rope, "rope_theta", None, f"{where}rope_parameters.rope_theta")
+    top_theta = positive_real(cfg, "rope_theta", _DEFAULT_ROPE_THETA)
+    agree("rope_theta", rope_theta)
     if rope_theta is None:
-        rope_theta = positive_real(cfg, "rope_theta", _DEFAULT_ROPE_THETA)
+        rope_theta = top_theta
     if "partial_rotary_factor" in rope:
         prf_key, prf = f"{where}rope_parameters.partial_rotary_factor", rope["partial_rotary_factor"]
     else:
         prf_key, prf = f"{where}partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)
     if not (is_float_value(prf) and 0 < prf <= 1):
         raise ConfigError(f"config key {prf_key}={prf!r} must be a number in (0, 1]")
+    if "partial_rotary_factor" in rope:
+        agree("partial_rotary_factor", float(prf))
 
     tie = flag(cfg, "tie_word_embeddings", None, f"{where}tie_word_embeddings")
     if top is not cfg:  # the multimodal wrapper's own flag governs its lm_head

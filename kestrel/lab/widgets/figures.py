@@ -5,7 +5,7 @@ from __future__ import annotations
 from kestrel import speculative as spec
 from kestrel.errors import KestrelError
 from ..plots import ms_label
-from kestrel.speculative.schedule import is_int
+from kestrel.inputs import is_int
 from .runs import as_runs, hist_item, run_label
 
 PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
