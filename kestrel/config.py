@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from .confined import model_root, parse_json, read_member
 from .errors import ConfigError
+from .hf_keys import refuse_unsupported, same as _same
 from .inputs import is_int
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -255,36 +255,6 @@ def default_layer_types(n: int, interval: int) -> tuple:
     return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n))
 
 
-# Keys that change the computation but that kestrel does not implement: each maps to the
-# values that mean "not used" (the first is what kestrel implements). Compared by type and
-# value, so 0 does not pass for False nor 1 for True.
-_UNSUPPORTED = {
-    "attention_bias": (False, None),
-    "mlp_bias": (False, None),
-    "hidden_act": ("silu", None),
-    "num_experts": (None, 0),
-    "mlp_only_layers": (None, []),
-    "rope_scaling": (None, {}),          # transformers lets a non-empty rope_scaling override rope_parameters
-    "use_sliding_window": (False, None),
-    "attn_output_gate": (True, None),    # kestrel's attention is always output-gated
-    "mtp_use_dedicated_embeddings": (False, None),
-    "quantization_config": (None,),
-    "dual_chunk_attention_config": (None,),
-    "final_logit_softcapping": (None,),
-    "attn_logit_softcapping": (None,),
-    "use_qk_norm": (True, None),         # kestrel's attention always norms q and k
-    "qk_layernorm": (True, None),
-}
-# Boolean keys of transformers' generic config that change no number kestrel computes.
-_HARMLESS_FLAGS = frozenset((
-    "use_cache", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "is_encoder_decoder",
-    "is_decoder", "add_cross_attention", "tie_encoder_decoder", "output_router_logits", "use_bfloat16",
-    "_attn_implementation_autoset", "return_dict_in_generate", "do_sample", "early_stopping",
-    "remove_invalid_values", "tf_legacy_loss",
-))
-_READ_KEYS = frozenset([k for k in HF_KEYS.values() if "." not in k] + [
-    "full_attention_interval", "model_type", "text_config", "rope_parameters", "rope_theta", "partial_rotary_factor"])
-_SWITCH_NAME = re.compile(r"(use|enable|apply|with|do|has|is)_.*|.*_(enabled|bias)")
 _F32_RANGE = (f"must be a finite number > 0 that a float holds exactly and that float32 (the model's "
               f"precision) holds as a normal number, in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
 # rope_parameters keys kestrel understands. mrope_section/mrope_interleaved split the rotary
@@ -294,10 +264,6 @@ _ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope
 _MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 _DEFAULT_ROPE_THETA = 10000.0   # what transformers assumes when a config names none
 _DEFAULT_HEAD_DIM = 256         # transformers' Qwen3.5 default
-
-
-def _same(a, b) -> bool:
-    return type(a) is type(b) and a == b
 
 
 def from_hf(cfg: dict, name: str = "hf") -> Config:
@@ -318,17 +284,10 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
     def fail(key, msg):
         return ConfigError(f"config key {where}{key}={cfg[key]!r} {msg}")
 
+    read = [k for k in HF_KEYS.values() if "." not in k] + ["full_attention_interval", "model_type", "text_config",
+                                                             "rope_parameters", "rope_theta", "partial_rotary_factor"]
     for d, prefix in ((top, ""), (cfg, where)) if cfg is not top else ((cfg, ""),):
-        for key, ok in _UNSUPPORTED.items():
-            if key in d and not any(_same(d[key], o) for o in ok):
-                raise ConfigError(f"config key {prefix}{key}={d[key]!r} is not supported "
-                                  f"(kestrel implements {key}={ok[0]!r})")
-        for key, v in d.items():
-            if key in _UNSUPPORTED or key in _HARMLESS_FLAGS or key in _READ_KEYS:
-                continue
-            if isinstance(v, bool) or (isinstance(key, str) and _SWITCH_NAME.fullmatch(key)):
-                raise ConfigError(f"config key {prefix}{key}={v!r:.60} is a switch kestrel does not know; it may "
-                                  f"change the computation, so it is refused rather than ignored")
+        refuse_unsupported(d, prefix, read)
     mt = cfg.get("model_type", top.get("model_type"))
     if mt is not None and not (isinstance(mt, str) and mt in _MODEL_TYPES):
         raise ConfigError(f"config key {where}model_type={mt!r} is not a Qwen3.5 dense text model "
