@@ -137,3 +137,33 @@ def test_checkpoint_beyond_memory_is_refused_before_a_read(tmp_path, model, monk
 
 def test_available_memory_is_read():
     assert memory.available_bytes("cpu") is None or memory.available_bytes("cpu") > 0
+
+
+# ---- the speculative package's sizes ----------------------------------------------------------------
+@pytest.mark.parametrize("kw,match", [(dict(hist="0:3", seed=-1), "seed"), (dict(hist="0:3", seed=True), "seed"),
+                                      (dict(hist="0:3", order="random"), "order"),
+                                      (dict(hist="0:2000000000"), "at most 1048576"),
+                                      (dict(hist={0: 600000, 1: 600000}), "1200000 rounds"),
+                                      (dict(hist="1:" + "7" * 4400), "above 1048576")])
+def test_schedule_arguments(kw, match):
+    with pytest.raises(spec.ScheduleError, match=match):
+        spec.Schedule(**kw)
+
+
+def test_prediction_sizes_are_checked():
+    u = spec.UnitCosts(step=1.0, draft=0.5, mark=0.1, rollback=0.1, select=0.01, argmax=0.01,
+                       step_m={1: 1.0, 2: 1.1, 3: 1.2}, ckpt={1: 1.0, 2: 1.1, 3: 1.2}, mtp={1: 0.5, 2: 0.6, 3: 0.7})
+    for k in (True, 0, 2.0, "3"):
+        with pytest.raises(spec.SpecArgumentError, match="k must be an int"):
+            spec.predict(u, "checkpoint", "article", k, hist="0:1")
+    assert spec.predict(u, "checkpoint", "article", np.uint8(3), hist="0:1").k == 3
+
+
+def test_acceptance_depth_is_bounded_by_the_stream(model, rng):
+    """depth=30000 once built an O(depth^2) table for minutes; a depth beyond the stream has no target."""
+    prompt = rng.integers(0, model.cfg.vocab_size, 3).tolist()
+    with pytest.raises(spec.SpecArgumentError, match="depth=30000 exceeds the stream's T=6"):
+        spec.teacher_forced(model, prompt, T=6, depth=30000)
+    a = spec.teacher_forced(model, prompt, T=6, depth=np.int8(6), pairing="article")
+    assert a.depth == 6 and type(a.depth) is int
+    assert a.to_dict()["advance"] == {k: a.advance(k) for k in range(1, 7)}

@@ -207,8 +207,10 @@ class Schedule:
                  order: str = "shuffle"):
         if sum(x is not None for x in (seq, hist, profile)) != 1:
             raise ScheduleError("a schedule needs exactly one of seq=, hist=, profile=")
-        if not is_int(seed):
-            raise ScheduleError(f"the schedule's seed must be an int, got {seed!r}")
+        if not is_int(seed) or seed < 0:
+            raise ScheduleError(f"the schedule's seed must be an int >= 0, got {seed!r:.40}")
+        if order not in ("shuffle", "sorted", "given"):
+            raise ScheduleError(f"order must be 'shuffle', 'sorted' or 'given', got {order!r:.40}")
         self.pairing, self.seed, self.order = Pairing.parse(pairing), int(seed), order
         self.profile = parse_profile(profile) if profile is not None else None
         self.hist = None
