@@ -312,7 +312,9 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         return float(v)
 
     def agree(key, inner):
-        """A key given both inside rope_parameters and at the top level must say the same."""
+        """A key given both inside rope_parameters and at the top level must say the same. (Not
+        partial_rotary_factor: transformers writes its class default at the top level beside the
+        rope_parameters value it uses.)"""
         if inner is not None and key in cfg and not (is_float_value(cfg[key]) and float(cfg[key]) == inner):
             raise ConfigError(f"config keys {where}{key}={cfg[key]!r} and {where}rope_parameters.{key}={inner!r} "
                               f"contradict each other")
@@ -364,8 +366,6 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         prf_key, prf = f"{where}partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)
     if not (is_float_value(prf) and 0 < prf <= 1):
         raise ConfigError(f"config key {prf_key}={prf!r} must be a number in (0, 1]")
-    if "partial_rotary_factor" in rope:
-        agree("partial_rotary_factor", float(prf))
 
     tie = flag(cfg, "tie_word_embeddings", None, f"{where}tie_word_embeddings")
     if top is not cfg:  # the multimodal wrapper's own flag governs its lm_head

@@ -38,6 +38,7 @@ import numpy as np
 from . import results
 from kestrel.config import PRESETS
 from kestrel.engine import Engine
+from kestrel.inputs import is_int
 from kestrel.program import expected_shapes, main_program, param_count
 from kestrel.speculative.baseline import greedy_timed
 from kestrel.speculative.cost import compare, predict
@@ -358,7 +359,7 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
     "kernels_per_step", "greedy_ms_per_token", "units", "runs": [one row per k], "roofline"}."""
     import kestrel
     from kestrel.backend import get_backend
-    ks = (k,) if isinstance(k, int) else tuple(k)
+    ks = (int(k),) if is_int(k) else tuple(k)
     be = get_backend(device)
     if bandwidth:
         bw, bw_kind = bandwidth, "given"
