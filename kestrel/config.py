@@ -22,6 +22,8 @@ import numpy as np
 
 from .confined import model_root, parse_json, read_member
 from .errors import ConfigError
+from .hf_keys import refuse_unsupported, same as _same
+from .inputs import is_int
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 MAX_SIZE = 2 ** 31 - 1          # every size and count fits a signed 32-bit index
@@ -51,11 +53,6 @@ _INT_RANGES = {
 }
 
 
-def is_int(x) -> bool:
-    """An integer value: Python or NumPy ints; never a bool (True is not a size)."""
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
 def is_real(x) -> bool:
     """A real number: ints or floats (Python or NumPy); never a bool."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
@@ -71,6 +68,17 @@ def is_float_value(x) -> bool:
     except OverflowError:
         return False
     return math.isfinite(f) and f == x
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def is_f32_positive(x) -> bool:
+    """A float value (is_float_value) that stays finite and positive in float32, the precision
+    the model computes in: rms_norm_eps=1e39 is finite in float64 and infinite in float32, and
+    1e-50 becomes 0. Normal float32 range: [1.18e-38, 3.4e38]."""
+    return is_float_value(x) and _F32_TINY <= float(x) <= _F32_MAX
 
 
 def _int_error(what: str, value, lo: int, hi: int) -> str:
@@ -177,8 +185,8 @@ class Config:
                     f if HF_KEYS[f] == f else f"{f} ({HF_KEYS[f]})", v, lo, hi))
         for f in ("rms_norm_eps", "rope_theta"):
             v = getattr(self, f)
-            if not (is_float_value(v) and v > 0):
-                raise self._error(f, v, "must be a finite number > 0 that a float holds exactly")
+            if not is_f32_positive(v):
+                raise self._error(f, v, _F32_RANGE)
         prf = self.partial_rotary_factor
         if not (is_float_value(prf) and 0 < prf <= 1):
             raise self._error("partial_rotary_factor", prf, "must be a number in (0, 1]")
@@ -247,24 +255,8 @@ def default_layer_types(n: int, interval: int) -> tuple:
     return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n))
 
 
-# Keys that change the computation but that kestrel does not implement: each maps to the
-# values that mean "not used" (the first is what kestrel implements). Compared by type and
-# value, so 0 does not pass for False nor 1 for True.
-_UNSUPPORTED = {
-    "attention_bias": (False, None),
-    "mlp_bias": (False, None),
-    "hidden_act": ("silu", None),
-    "num_experts": (None, 0),
-    "mlp_only_layers": (None, []),
-    "rope_scaling": (None, {}),          # transformers lets a non-empty rope_scaling override rope_parameters
-    "use_sliding_window": (False, None),
-    "attn_output_gate": (True, None),    # kestrel's attention is always output-gated
-    "mtp_use_dedicated_embeddings": (False, None),
-    "quantization_config": (None,),
-    "dual_chunk_attention_config": (None,),
-    "final_logit_softcapping": (None,),
-    "attn_logit_softcapping": (None,),
-}
+_F32_RANGE = (f"must be a finite number > 0 that a float holds exactly and that float32 (the model's "
+              f"precision) holds as a normal number, in [{_F32_TINY:.3g}, {_F32_MAX:.3g}]")
 # rope_parameters keys kestrel understands. mrope_section/mrope_interleaved split the rotary
 # channels between (time, height, width) positions; for text all three positions are the
 # token index, so M-RoPE computes exactly the 1-D RoPE kestrel runs.
@@ -272,10 +264,6 @@ _ROPE_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope
 _MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
 _DEFAULT_ROPE_THETA = 10000.0   # what transformers assumes when a config names none
 _DEFAULT_HEAD_DIM = 256         # transformers' Qwen3.5 default
-
-
-def _same(a, b) -> bool:
-    return type(a) is type(b) and a == b
 
 
 def from_hf(cfg: dict, name: str = "hf") -> Config:
@@ -296,11 +284,10 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
     def fail(key, msg):
         return ConfigError(f"config key {where}{key}={cfg[key]!r} {msg}")
 
+    read = [k for k in HF_KEYS.values() if "." not in k] + ["full_attention_interval", "model_type", "text_config",
+                                                             "rope_parameters", "rope_theta", "partial_rotary_factor"]
     for d, prefix in ((top, ""), (cfg, where)) if cfg is not top else ((cfg, ""),):
-        for key, ok in _UNSUPPORTED.items():
-            if key in d and not any(_same(d[key], o) for o in ok):
-                raise ConfigError(f"config key {prefix}{key}={d[key]!r} is not supported "
-                                  f"(kestrel implements {key}={ok[0]!r})")
+        refuse_unsupported(d, prefix, read)
     mt = cfg.get("model_type", top.get("model_type"))
     if mt is not None and not (isinstance(mt, str) and mt in _MODEL_TYPES):
         raise ConfigError(f"config key {where}model_type={mt!r} is not a Qwen3.5 dense text model "
@@ -320,10 +307,17 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
         if key not in d:
             return default
         v = d[key]
-        if not (is_float_value(v) and v > 0):
-            raise ConfigError(f"config key {label or where + key}={v!r} must be a finite number > 0 "
-                              f"that a float holds exactly")
+        if not is_f32_positive(v):
+            raise ConfigError(f"config key {label or where + key}={v!r} {_F32_RANGE}")
         return float(v)
+
+    def agree(key, inner):
+        """A key given both inside rope_parameters and at the top level must say the same. (Not
+        partial_rotary_factor: transformers writes its class default at the top level beside the
+        rope_parameters value it uses.)"""
+        if inner is not None and key in cfg and not (is_float_value(cfg[key]) and float(cfg[key]) == inner):
+            raise ConfigError(f"config keys {where}{key}={cfg[key]!r} and {where}rope_parameters.{key}={inner!r} "
+                              f"contradict each other")
 
     def flag(d, key, default, label):
         if key not in d:
@@ -362,8 +356,10 @@ def from_hf(cfg: dict, name: str = "hf") -> Config:
             raise ConfigError(f"config key {where}rope_parameters.{k}={rope[k]!r} is not supported "
                               f"(only default 1-D RoPE, or M-RoPE on text)")
     rope_theta = positive_real(rope, "rope_theta", None, f"{where}rope_parameters.rope_theta")
+    top_theta = positive_real(cfg, "rope_theta", _DEFAULT_ROPE_THETA)
+    agree("rope_theta", rope_theta)
     if rope_theta is None:
-        rope_theta = positive_real(cfg, "rope_theta", _DEFAULT_ROPE_THETA)
+        rope_theta = top_theta
     if "partial_rotary_factor" in rope:
         prf_key, prf = f"{where}rope_parameters.partial_rotary_factor", rope["partial_rotary_factor"]
     else:

@@ -15,6 +15,23 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import TokenError
+from .inputs import count, is_int
+
+
+def _host_ids(values, what: str) -> tuple:
+    """A sequence of Python/NumPy ints (never bools) -> a tuple of Python ints; the range is the
+    verify's to check (it knows the vocabulary)."""
+    if isinstance(values, (str, bytes, bytearray, dict)) or not hasattr(values, "__iter__"):
+        raise TokenError(f"{what} must be a sequence of int token ids, got {values!r:.40} ({type(values).__name__})")
+    out = []
+    for v in values:
+        if isinstance(v, np.ndarray) and v.ndim == 0:
+            v = v[()]
+        if not is_int(v):
+            kind = "the bool" if isinstance(v, (bool, np.bool_)) else "a"
+            raise TokenError(f"{what}: token ids must be ints, got {kind} {v!r:.40} ({type(v).__name__})")
+        out.append(int(v))
+    return tuple(out)
 
 
 class Draft:
@@ -28,7 +45,7 @@ class Draft:
         self.owner = owner                 # the Engine whose backend holds the tokens (None: host tokens)
         self.chained_by = None             # set by Engine.mtp_draft: the engine whose chain wrote them
         if isinstance(tokens, (list, tuple)):
-            self._dev, self._host = None, [int(t) for t in tokens]
+            self._dev, self._host = None, list(_host_ids(tokens, "Draft: tokens"))
         else:
             self._dev, self._host = tokens, None
 
@@ -50,7 +67,7 @@ class Draft:
 
     def feed(self, head=(), n: int | None = None) -> "DraftFeed":
         """Verify tokens: `head` (ints the host knows), then this draft's first n tokens (all)."""
-        return DraftFeed(tuple(head), self, len(self) if n is None else int(n))     # ids checked by the verify
+        return DraftFeed(head, self, len(self) if n is None else n)     # ids' range checked by the verify
 
     def __repr__(self) -> str:
         toks = self._host if self._host is not None else "on the device"
@@ -61,10 +78,15 @@ class DraftFeed:
     """Tokens for a verify: head (host ints) + the first n tokens of a Draft, in that order."""
     __slots__ = ("head", "draft", "n")
 
-    def __init__(self, head: tuple, draft: Draft, n: int):
-        if not 0 <= n <= len(draft):
+    def __init__(self, head, draft: Draft, n: int):
+        if not isinstance(draft, Draft):
+            raise TokenError(f"DraftFeed: draft must be a kestrel Draft, got {type(draft).__name__}")
+        self.head = _host_ids(head, "DraftFeed: head")
+        n = count(n, "DraftFeed: n", 0, None, error=TokenError)
+        if n > len(draft):
             raise TokenError(f"DraftFeed: n={n} outside [0, {len(draft)}] (the draft's tokens)")
-        self.head, self.draft, self.n = head, draft, n
+        self.n = n
+        self.draft = draft
 
     def __len__(self) -> int:
         return len(self.head) + self.n
@@ -75,7 +97,7 @@ class DraftFeed:
 
     def after(self, token: int) -> "DraftFeed":
         """[token] + these tokens without the last: the same number of tokens, one place later."""
-        head = (int(token),) + self.head
+        head = _host_ids([token], "DraftFeed.after: token") + self.head
         if self.n >= 1:
             return DraftFeed(head, self.draft, self.n - 1)
         return DraftFeed(head[:len(self)], self.draft, 0)

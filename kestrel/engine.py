@@ -41,13 +41,9 @@ class Step:
     logits: object   # [V] or [M, V]
 
 
-def _is_int(x) -> bool:
-    return inputs.is_int(x)   # Python/NumPy ints, never bools (kestrel.inputs: one rule everywhere)
-
-
 def _is_single(token) -> bool:
     """One token (an int or a 0-d array), as opposed to a list of them (the MTP entries' two forms)."""
-    return _is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
+    return inputs.is_int(token) or (isinstance(token, np.ndarray) and token.ndim == 0)
 
 
 class Engine:
@@ -133,15 +129,21 @@ class Engine:
             return tokens
         return inputs.token_ids(tokens, self.cfg.vocab_size, what)
 
-    def _check_pos(self, pos, m: int, cursor: int, what: str, cursor_name: str = "cursor"):
-        if not _is_int(pos):
-            raise CursorError(f"{what}: position must be an int, got {pos!r}")
+    def _check_pos(self, pos, m: int, cursor: int, what: str, cursor_name: str = "cursor") -> int:
+        """pos as a Python int once it is the cursor and its m rows fit in max_seq. Converted
+        before any arithmetic: pos + m in a NumPy int8/uint8 would wrap past the bound."""
+        if isinstance(pos, np.ndarray) and pos.ndim == 0 and pos.dtype.kind in "iu":
+            pos = pos[()]
+        if not inputs.is_int(pos):
+            raise CursorError(f"{what}: position must be an int, got {pos!r:.40} ({type(pos).__name__})")
+        pos = int(pos)
         if pos + m > self.max_seq:
             raise CursorError(f"{what}: positions {pos}..{pos + m - 1} exceed max_seq={self.max_seq}")
         if pos != cursor:
             hint = ("this position was already consumed (double consumption)" if pos < cursor
                     else "positions in between were never consumed (a skip)")
             raise CursorError(f"{what}: position {pos} is not contiguous with the {cursor_name} at {cursor}: {hint}")
+        return pos
 
     def _check_width(self, m: int, what: str):
         if self.batch == "strict" and m != self.mmax:
@@ -179,21 +181,20 @@ class Engine:
         if len(toks) != 1:
             raise TokenError(f"step: takes exactly one token, got {len(toks)} (use step_m for a batch)")
         self._no_pending("step")
-        self._check_pos(pos, 1, self.pos, "step")
+        pos = self._check_pos(pos, 1, self.pos, "step")
         h, lg = self.model.forward(toks, pos, self.state)
         self._advance(1)
         return Step(h[0], lg[0])
 
-    def _batch(self, pos, tokens, what: str) -> np.ndarray:
-        """Validate an M-row call at `pos` (tokens, width, no pending verify, contiguity)."""
+    def _batch(self, pos, tokens, what: str) -> tuple:
+        """Validate an M-row call at `pos` (tokens, width, no pending verify, contiguity) -> (pos, tokens)."""
         toks = self._tokens(tokens, what, feed=True)
         self._check_width(len(toks), what)
         self._no_pending(what)
-        self._check_pos(pos, len(toks), self.pos, what)
-        return toks
+        return self._check_pos(pos, len(toks), self.pos, what), toks
 
     def _rows(self, pos, tokens, what: str, gdn_mode: str, pending: str | None) -> Step:
-        toks = self._batch(pos, tokens, what)
+        pos, toks = self._batch(pos, tokens, what)
         h, lg = self.model.forward(toks, pos, self.state, gdn_mode=gdn_mode)
         if pending:
             self.pending = (pending, pos, len(toks))
@@ -216,31 +217,29 @@ class Engine:
         return self._rows(pos, tokens, "verify_cached", "cache", "cached")
 
     def _accept(self, kind: str, n, what: str):
-        """The pending verify's (pos, M) once n is checked (no state touched)."""
+        """(pos, M, n) of the pending verify once n is checked (no state touched); n a Python int."""
         if self.pending is None or self.pending[0] != kind:
             have = "none" if self.pending is None else f"a {self.pending[0]} one"
             raise SnapshotError(f"{what}: no {kind} verify is pending ({have} is)")
         _, pos, m = self.pending
-        if not _is_int(n) or not 0 <= n <= m:
-            raise BatchWidthError(f"{what}: n must be an int in [0, {m}], got {n!r}")
-        return pos, m
+        return pos, m, inputs.count(n, f"{what}: n", 0, m, "the pending verify's rows", BatchWidthError)
 
     def fold_cached(self, n):
         """Keep the first n rows of the pending cached verify (0 <= n <= M): the GDN layers run
         the n rows' cached inputs into the live state in place (the same arithmetic as n plain
         steps, so the state is bit-identical to theirs); attention cursors move to pos+n."""
-        pos, m = self._accept("cached", n, "fold_cached")
+        pos, m, n = self._accept("cached", n, "fold_cached")
         if n:
-            self.model.fold(int(n), self.state)
+            self.model.fold(n, self.state)
         self.pending = None
         self.pos = pos
-        self._advance(int(n))
+        self._advance(n)
 
     def select_checkpoint(self, n):
         """Keep the first n rows of the pending checkpointed verify (0 <= n <= M): the live GDN
         slot becomes row n-1's slot (n == 0: the untouched original); attention cursors move
         to pos+n. No copy, no replay."""
-        pos, m = self._accept("checkpointed", n, "select_checkpoint")
+        pos, m, n = self._accept("checkpointed", n, "select_checkpoint")
         self.state.slot = (self.slot + n) % self.nslots
         self.pending = None
         self.pos = pos
@@ -255,13 +254,13 @@ class Engine:
         m, D = len(toks), self.cfg.hidden_size
         want = (D,) if single else (m, D)
         hid = inputs.hidden_rows(hidden, want, f"{what}: hidden", getattr(self.be, "xp", np))  # finite real floats
-        self._check_pos(pos, m, self.mtp_len, what, "MTP cursor")
-        return toks, self.be.asarray(hid).reshape(m, D), single
+        pos = self._check_pos(pos, m, self.mtp_len, what, "MTP cursor")
+        return pos, toks, self.be.asarray(hid).reshape(m, D), single
 
     def mtp_step(self, pos, token, hidden) -> Step:
         """MTP head rows at positions pos..pos+M-1 of its own slot (pos == MTP cursor).
         token: int with hidden [D], or tokens [M] with hidden [M, D]."""
-        toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_step")
+        pos, toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_step")
         hp, lg = self.model.mtp_forward(toks, hid, pos, self.state)
         self.mtp_len = pos + len(toks)
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
@@ -298,7 +297,7 @@ class Engine:
             rows.append((fill[1], "mtp_draft: fill_hidden"))
         inputs.all_finite(rows, xp)     # one wait, both checked
         m = 0 if fill is None else len(fill[0])
-        self._check_pos(pos, m + k, self.mtp_len, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
+        pos = self._check_pos(pos, m + k, self.mtp_len, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
         if forced is not None:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:
@@ -314,13 +313,16 @@ class Engine:
         would, and compute nothing the rows do not need: no MLP, no norm, no lm_head, no
         output (kestrel/program.py, mtp_fill_program). For rows whose drafts nobody reads: the
         prompt's rows, the rows a round confirmed. Same arguments as mtp_step."""
-        toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_fill")
+        pos, toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_fill")
         self.model.mtp_fill(toks, hid, pos, self.state)
         self.mtp_len = pos + len(toks)
 
     # ---- the three primitives ---------------------------------------------------------------
     def mark(self, include_mtp_cursor: bool = True):
         """One-shot snapshot. include_mtp_cursor=False is the article's negative control only."""
+        if not isinstance(include_mtp_cursor, (bool, np.bool_)):
+            raise SnapshotError(f"mark: include_mtp_cursor must be a bool, got {include_mtp_cursor!r:.40}")
+        include_mtp_cursor = bool(include_mtp_cursor)
         self._no_pending("mark")
         st = self.state
         st.S_snap[...] = st.S[st.slot]
@@ -346,9 +348,8 @@ class Engine:
         are never read and get overwritten by the next append. Invalidates a live snapshot."""
         if not self.model.has_mtp:
             raise KestrelError("mtp_truncate: this model has no MTP head")
-        if not _is_int(length) or not 0 <= length <= self.mtp_len:
-            raise CursorError(f"mtp_truncate: length must be an int in [0, {self.mtp_len}] (rows written), got {length!r}")
-        self.mtp_len = int(length)
+        self.mtp_len = inputs.count(length, "mtp_truncate: length", 0, self.mtp_len, "the MTP rows written",
+                                    CursorError)
         self.snap = None
 
     def __repr__(self):

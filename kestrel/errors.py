@@ -47,3 +47,9 @@ class DeviceError(KestrelError, RuntimeError):
     A KestrelError like every other kestrel error (one base class to catch), and also a
     RuntimeError, which it has always been: a missing GPU is a property of the machine rather
     than of a value, and callers that catch RuntimeError for it keep working."""
+
+
+class InsufficientMemoryError(KestrelError, MemoryError):
+    """An allocation that a caller's input sizes (engine buffers, random weights, checkpoint
+    tensors) would not fit in the device's available memory: refused before the attempt, with
+    what it needs and what is available. Also a MemoryError."""

@@ -10,6 +10,10 @@ when they raise. The rules, the same everywhere:
   hidden rows finite real floating values (float16/32/64) of exactly the expected shape;
               never NaN/Inf, complex, bool, integer or object arrays. Returned as float32.
   sizes       Python ints or NumPy integers (never bools), in a stated [lo, hi].
+  positions   the same; converted to a Python int before any arithmetic, so a NumPy int8 or
+              uint8 never wraps (127 + 1 in int8 is -128) and every stored cursor is an int.
+
+`is_int` is the package's one integer check (config, engine, draft, speculative and lab use it).
 """
 from __future__ import annotations
 
@@ -145,18 +149,20 @@ def all_finite(arrays, xp=np):
             raise TokenError(f"{what} contains NaN or Inf (as float32)")
 
 
-def count(x, what: str, lo: int = 0, hi: int | None = None, bound: str | None = None) -> int:
-    """A size or count: an int (Python or NumPy, never a bool) in [lo, hi] -> int.
+def count(x, what: str, lo: int = 0, hi: int | None = None, bound: str | None = None,
+          error: type = KestrelError) -> int:
+    """A size, count or position: an int (Python or NumPy, never a bool) in [lo, hi] -> a Python int.
 
-    bound: where hi comes from, for the message (e.g. "the model's max_position_embeddings")."""
+    bound: where hi comes from, for the message (e.g. "the model's max_position_embeddings").
+    error: the KestrelError subclass to raise."""
     if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iu":
         x = x[()]
     rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
     if bound and hi is not None:
         rng += f" ({hi} = {bound})"
     if not is_int(x):
-        raise KestrelError(f"{what} must be an int {rng}, got {x!r:.40} ({_kind(x)})")
+        raise error(f"{what} must be an int {rng}, got {x!r:.40} ({_kind(x)})")
     v = int(x)
     if v < lo or (hi is not None and v > hi):
-        raise KestrelError(f"{what} must be an int {rng}, got {v}")
+        raise error(f"{what} must be an int {rng}, got {v}")
     return v

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import Config
+from .memory import ensure_fits
 
 
 @dataclass
@@ -40,6 +41,8 @@ class DeviceState:
         n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attn_layers)
         nv, dk, dv = cfg.lin_num_value_heads, cfg.lin_key_head_dim, cfg.lin_value_head_dim
         kv = (max_seq, cfg.num_kv_heads, cfg.head_dim)
+        ensure_fits(cls.bytes_needed(cfg, max_seq, nslots, mtp), f"an engine of {cfg.name} with max_seq={max_seq}, "
+                    f"{nslots} GDN slots", be.name)
         st = cls(S=be.zeros((nslots, n_gdn, nv, dk, dv)), hist=be.zeros((nslots, n_gdn, cfg.conv_dim, cfg.conv_kernel - 1)),
                  kc=be.zeros((n_attn,) + kv), vc=be.zeros((n_attn,) + kv),
                  S_snap=be.zeros((n_gdn, nv, dk, dv)), hist_snap=be.zeros((n_gdn, cfg.conv_dim, cfg.conv_kernel - 1)),
@@ -49,6 +52,16 @@ class DeviceState:
         if mtp:
             st.mtp_kc, st.mtp_vc = be.zeros(kv), be.zeros(kv)
         return st
+
+    @staticmethod
+    def bytes_needed(cfg: Config, max_seq: int, nslots: int, mtp: bool) -> int:
+        """fp32 bytes of every buffer allocate() makes."""
+        n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attn_layers)
+        gdn = n_gdn * (cfg.lin_num_value_heads * cfg.lin_key_head_dim * cfg.lin_value_head_dim
+                       + cfg.conv_dim * (cfg.conv_kernel - 1))
+        kv_rows = (2 * n_attn + (2 if mtp else 0)) * max_seq * cfg.num_kv_heads * cfg.head_dim
+        gdn_in = n_gdn * (nslots - 1) * cfg.gdn_in_width if n_gdn else 1
+        return 4 * ((nslots + 1) * gdn + kv_rows + gdn_in)
 
     @property
     def nslots(self) -> int:

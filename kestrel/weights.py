@@ -31,6 +31,7 @@ import numpy as np
 from .confined import member, model_root, open_member, parse_json, read_member
 from .config import Config, int_prod, load_config
 from .errors import CheckpointError, CheckpointNotFoundError
+from .memory import ensure_fits
 from .program import expected_shapes
 
 __all__ = ["CheckpointError", "read_safetensors", "write_safetensors", "parse_header", "SafetensorsFile",
@@ -386,6 +387,17 @@ def _plan(cfg: Config, root: Path, shards: list, weight_map: dict | None) -> dic
     return plan
 
 
+def _ensure_read_fits(plan: dict, keep_bf16: bool, root: Path):
+    """Refuse before reading when the tensors (BF16 widened to float32 unless kept) exceed host memory:
+    a sparse file can declare a vocabulary of billions in a few bytes."""
+    need = 0
+    for s, key in plan.values():
+        e = s.entries[key]
+        width = 2 if (e.dtype == "BF16" and keep_bf16) else max(_DTYPES[e.dtype].itemsize, 4)
+        need += int_prod(e.shape) * width
+    ensure_fits(need, f"checkpoint {root.name}'s tensors", "cpu")
+
+
 def load_dir(path, keep_bf16: bool = False):
     """(Config, canonical tensors) from a HF-format directory, validated.
 
@@ -399,6 +411,7 @@ def load_dir(path, keep_bf16: bool = False):
         for n in names:
             shards.append(SafetensorsFile(root, n, "shard"))
         plan = _plan(cfg, root, shards, weight_map)
+        _ensure_read_fits(plan, keep_bf16, root)
         tensors = {}
         for s in shards:
             mine = {k: n for n, (sh, k) in plan.items() if sh is s}

@@ -233,3 +233,92 @@ def test_any_arguments_fail_in_one_line(checks_only, capsys, argv):
         assert rc == 2, (argv, rc, err)
         assert len(err) == 1 and err[0].startswith("kestrel: error: "), (argv, err)
         assert "Traceback" not in out
+
+
+# ---- outputs, pipes, empty values and sizes ------------------------------------------------------
+@pytest.mark.parametrize("target", ["/dev/full", "/dev/null", "fifo"])
+def test_json_to_a_device_or_fifo_fails_at_once(capsys, tmp_path, target):
+    """/dev/full accepts the open and fails the write after the run; a FIFO's open waits for a reader."""
+    if target == "fifo":
+        target = str(tmp_path / "fifo")
+        os.mkfifo(target)
+    elif not os.path.exists(target):
+        pytest.skip(f"{target} does not exist here")
+    for cmd in (TINY_RUN, ["accept", "--device", "cpu"], ["costs", "--device", "cpu"]):
+        assert_usage_error(cmd + ["--json", target], capsys, "--json", "FIFO" if "fifo" in target else "device")
+
+
+def test_json_name_too_long_fails_at_once(capsys, tmp_path):
+    assert_usage_error(TINY_RUN + ["--json", str(tmp_path / ("x" * 300 + ".json"))], capsys, "--json", "longer")
+
+
+def test_json_write_failing_after_the_run_is_one_line(capsys, tmp_path, monkeypatch):
+    """The directory vanishes while the run goes on: the write fails in one line, exit 2."""
+    d = tmp_path / "d"
+    d.mkdir()
+    aggregate = spec.aggregate
+
+    def vanish(results):
+        d.rmdir()
+        return aggregate(results)
+    monkeypatch.setattr(spec, "aggregate", vanish)
+    rc, out, err = run(TINY_RUN + ["--T", "4", "--no-greedy", "--json", str(d / "out.json")], capsys)
+    assert rc == 2 and len(err) == 1 and err[0].startswith("kestrel: error: --json") and "cannot write" in err[0]
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["costs", "--hist", ""], "--hist"), (["costs", "--profile", " "], "--profile"),
+    (TINY_RUN + ["--drafter", "replay", "--hist", ""], "--hist"), (TINY_RUN + ["--drafter", "replay", "--profile", ""],
+                                                                    "--profile"),
+    (["spec", "--starts", ""], "--starts"), (["accept", "--model", ""], "--model"), (TINY_RUN + ["--json", ""], "--json"),
+])
+def test_empty_values_are_refused_by_their_flag(capsys, argv, flag):
+    """An empty value never means "the default", and the message names the flag that got it."""
+    line = assert_usage_error(argv + ["--device", "cpu"], capsys, flag, "empty")
+    assert line.startswith(f"kestrel: error: {flag}:"), line
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["costs", "--hist", "0:2000000000"], "1048576"),
+    (["costs", "--hist", "0:" + "9" * 5000], "--hist"),
+    (TINY_RUN + ["--drafter", "replay", "--hist", "3:2000000000"], "1048576"),
+    (["accept", "--depth", "100000000"], "--depth"),
+    (["accept", "--depth", "30000", "--T", "8"], "--depth"),
+])
+def test_small_strings_asking_for_huge_work_are_refused(capsys, argv, needle):
+    assert_usage_error(argv + ["--device", "cpu"], capsys, needle)
+
+
+def test_undecodable_model_path_is_one_line(capsys):
+    line = assert_usage_error(TINY_RUN + ["--model", "/nonexistent/\udcff\udcfe"], capsys, "--model")
+    assert "\\udcff" in line
+
+
+def _kestrel(argv, **kw):
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(kestrel.__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, **kw.pop("env", {}))
+    return subprocess.Popen([sys.executable, "-m", "kestrel"] + argv, cwd=repo, env=env, stderr=subprocess.PIPE, **kw)
+
+
+def test_broken_pipe_exits_quietly():
+    """`python -m kestrel spec | head -1`: the reader is gone; no traceback, status 141 as SIGPIPE gives."""
+    import subprocess
+    p = _kestrel(TINY_RUN + ["--T", "4", "--no-greedy"], stdout=subprocess.PIPE)
+    p.stdout.close()                 # the reader leaves before the first line
+    err = p.stderr.read().decode()
+    assert p.wait() == 141 and err == "", err
+
+
+def test_undecodable_checkpoint_directory_on_an_ascii_terminal(tmp_path):
+    """A directory whose name is not UTF-8, printed to a terminal that only speaks ASCII: escapes, no traceback."""
+    import shutil
+    import subprocess
+    d = os.path.join(os.fsencode(tmp_path), b"m\xff\xc3\xa9")
+    shutil.copytree(os.fsencode(TINY), d)
+    p = _kestrel(["spec", "--model", os.fsdecode(d), "--device", "cpu", "--starts", "0", "--T", "4", "--no-greedy"],
+                 stdout=subprocess.PIPE, env={"LC_ALL": "C", "PYTHONIOENCODING": "ascii"})
+    out, err = p.communicate()
+    assert p.returncode == 0 and err == b"", err
+    assert b"m\\udcff" in out.splitlines()[0] and b"Traceback" not in out

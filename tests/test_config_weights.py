@@ -1,5 +1,6 @@
 """Config parsing, presets and their state sizes, safetensors round trips."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,3 +118,60 @@ def test_expected_shapes_cover_every_tensor():
     assert "lm_head.weight" in shapes and "mtp.fc.weight" in shapes
     assert shapes["layers.0.linear_attn.in_proj_qkv.weight"] == (cfg.conv_dim, cfg.hidden_size)
     assert "lm_head.weight" not in expected_shapes(kestrel.preset("test-a"))  # tied
+
+
+# ---- values the math uses are checked in float32; contradictions and unknown switches refused -------
+def _tiny_hf() -> dict:
+    return json.loads(open(kestrel.ASSETS / "tiny" / "config.json").read())
+
+
+@pytest.mark.parametrize("key,value", [("rms_norm_eps", 1e39), ("rms_norm_eps", 1e-50), ("rms_norm_eps", 0),
+                                       ("rope_theta", 1e39), ("rope_theta", 0), ("rope_theta", 1e-45)])
+def test_float_fields_must_hold_in_float32(key, value):
+    """1e39 is finite in float64 and infinite in float32; 1e-50 is 0 there: refused by name."""
+    d = _tiny_hf()
+    if key == "rope_theta":
+        d["rope_parameters"][key] = value
+    else:
+        d[key] = value
+    with pytest.raises(ConfigError, match=f"{key}={re.escape(repr(value))}.*float32"):
+        from_hf(d)
+    with pytest.raises(ConfigError, match=f"{key}.*float32"):
+        kestrel.preset("test-a").replace(**{key: value})
+
+
+def test_rope_theta_at_the_top_contradicting_rope_parameters():
+    d = _tiny_hf()
+    d["rope_theta"] = d["rope_parameters"]["rope_theta"]           # the same value twice: fine
+    assert from_hf(d).rope_theta == 1e7
+    d["rope_theta"] = 1e4
+    with pytest.raises(ConfigError, match="rope_theta=10000.0 and rope_parameters.rope_theta=.*contradict"):
+        from_hf(d)
+    d["rope_theta"] = 0
+    with pytest.raises(ConfigError, match="rope_theta=0"):
+        from_hf(d)
+    d = _tiny_hf()
+    d["partial_rotary_factor"] = 0.5       # transformers writes its default here; rope_parameters' value is used
+    assert from_hf(d).partial_rotary_factor == 0.25
+
+
+@pytest.mark.parametrize("key,value", [("use_qk_norm", False), ("qk_layernorm", False), ("use_fancy_attention", True),
+                                       ("enable_something", 1), ("my_new_flag", True), ("o_proj_bias", True),
+                                       ("attention_bias", True)])
+def test_unknown_switches_are_refused_by_name(key, value):
+    for nested in (False, True):
+        d = _tiny_hf()
+        d[key] = value
+        if nested:
+            d = {"model_type": "qwen3_5", "text_config": d}
+        with pytest.raises(ConfigError, match=key):
+            from_hf(d)
+
+
+def test_harmless_keys_of_real_configs_still_load():
+    d = _tiny_hf()
+    d.update(use_cache=False, output_attentions=False, return_dict=True, use_qk_norm=True, attention_dropout=0.0,
+             initializer_range=0.02, bos_token_id=None, eos_token_id=248044, dtype="bfloat16")
+    wrapped = {"model_type": "qwen3_5", "text_config": d, "vision_config": {"depth": 2}, "image_token_id": 248056,
+               "tie_word_embeddings": True, "architectures": ["Qwen3_5ForConditionalGeneration"]}
+    assert from_hf(d) == from_hf(wrapped) == from_hf(_tiny_hf())

@@ -37,6 +37,7 @@ from . import results
 from .roofline import (config_of, copy_ms, device_of, free_device_memory, gpu_fits, kernels_per_step, launch_cost,
                        native_dtype, now, read_bandwidth, read_ms, resident_bytes, roofline, runnable, weight_bytes)
 from kestrel.engine import Engine
+from kestrel.inputs import is_int
 from kestrel.program import param_count
 from kestrel.speculative.baseline import greedy_timed
 from kestrel.speculative.cost import compare, predict
@@ -142,7 +143,7 @@ def size_sweep(presets=SIZE_PRESETS, *, k=KS, policy="checkpoint", pairing="trai
     "pairing", "profile", "bandwidth_Bps", "launch_ms_per_kernel", "sizes": [...], "skipped"}.
     Each size: {"preset", "model", "weights", "params", "weight_bytes", "floor_ms",
     "kernels_per_step", "greedy_ms_per_token", "units", "runs": [one row per k], "roofline"}."""
-    ks = (k,) if isinstance(k, int) else tuple(k)
+    ks = (int(k),) if is_int(k) else tuple(k)
     be = get_backend(device)
     if bandwidth:
         bw, bw_kind = bandwidth, "given"

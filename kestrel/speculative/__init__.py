@@ -21,7 +21,7 @@
   costs      u = spec.measure_unit_costs(model); spec.predict(u, policy, pairing, k, hist=|profile=|seq=);
              spec.compare(u, results)  (prediction for the runs' own rounds beside the measurement)
 """
-from .accept import Acceptance, combine, implied_nok, teacher_forced
+from .accept import Acceptance, check_depth, combine, implied_nok, teacher_forced
 from .baseline import greedy_timed, reference_stream
 from .control import mtp_cursor_control
 from .cost import Prediction, compare, equivalent_alpha, mean_nok, predict, predict_result, round_cost
@@ -58,7 +58,7 @@ __all__ = [
     # summaries
     "PHASES", "PHASE_DOC", "histogram", "conditional_hits", "summarize_noks", "CondHit", "NokStats",
     # acceptance and cost
-    "teacher_forced", "combine", "implied_nok", "Acceptance",
+    "teacher_forced", "check_depth", "combine", "implied_nok", "Acceptance",
     "UnitCosts", "K_VALUES", "measure_unit_costs", "check_measurement", "check_length", "check_size", "check_tokens", "edit_units", "Prediction", "predict", "predict_result", "compare",
     "round_cost", "mean_nok", "equivalent_alpha",
 ]

@@ -52,11 +52,20 @@ class Acceptance:
 
     def advance(self, k: int) -> float:
         """Expected tokens per round with k drafts (see module doc)."""
-        p = [x or 0.0 for x in self.p]
         o = self.pairing.offset
         if self.pairing.judged_depths(k) > self.depth:
             raise SpecArgumentError(f"depth {self.depth} covers k <= {self.depth + o} for the {self.pairing.value} pairing")
-        return 1.0 + sum(p[max(1 - o, 0):k - o])
+        return self._advances()[k]
+
+    def _advances(self) -> dict:
+        """advance(k) for every k the depth covers, by one running sum (not one sum per k)."""
+        p = [x or 0.0 for x in self.p]
+        o, total, out = self.pairing.offset, 1.0, {}
+        for k in range(1, self.depth + o + 1):
+            if k - o - 1 >= max(1 - o, 0):
+                total += p[k - o - 1]
+            out[k] = total
+        return out
 
     def profile(self) -> tuple:
         """alpha as a profile for the replay drafter (None -> 0)."""
@@ -67,10 +76,9 @@ class Acceptance:
         return f"[accept] pairing={self.pairing.value} N={self.N}: " + ", ".join(parts) + f"; E[len]={self.E_len:.3f} token/round"
 
     def to_dict(self) -> dict:
-        kmax = self.depth + self.pairing.offset
         return {"pairing": self.pairing.value, "depth": self.depth, "N": self.N, "c": list(self.c), "e": list(self.e),
                 "alpha": self.alpha, "p": self.p, "E_len": self.E_len,
-                "advance": {k: self.advance(k) for k in range(1, kmax + 1)}}
+                "advance": self._advances()}
 
 
 def _f(x):
@@ -89,6 +97,7 @@ def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pair
         stream = generate(model, prompt, check_length(T, model, len(prompt)))
     stream = check_tokens(stream, model, "stream")
     check_length(len(stream), model, len(prompt))
+    check_depth(depth, len(stream))
     toks = prompt + stream
     P, L = len(prompt), len(toks) - 1                 # L: last index with a token
     off = pairing.offset                              # depth j targets t_{i + off + j}
@@ -130,6 +139,15 @@ def teacher_forced(model, prompt, stream=None, T: int = 64, depth: int = 4, pair
         t, hh = row(i)
         eng.mtp_fill(i, t, hh)
     return Acceptance(pairing=pairing, depth=depth, N=len(anchors), c=c, e=e, hits=hits_all, anchors=anchors)
+
+
+def check_depth(depth, T: int) -> int:
+    """A chain of `depth` MTP steps predicts up to `depth` tokens past its anchor; beyond the
+    stream's T tokens there is nothing to compare with, so depth <= T."""
+    depth = check_size(depth, "depth")
+    if depth > T:
+        raise SpecArgumentError(f"depth={depth} exceeds the stream's T={T} tokens: no anchor has a target that deep")
+    return depth
 
 
 def combine(accs) -> Acceptance:

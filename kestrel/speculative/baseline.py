@@ -8,6 +8,8 @@ from .inputs import check_length, check_tokens
 
 def check_engine(engine, model, need: int, what: str, mmax: int | None = None, batch: str | None = None):
     """SpecArgumentError unless a caller's engine fits the run (checked before anything is reset)."""
+    if not isinstance(engine, Engine):
+        raise SpecArgumentError(f"{what}: engine= takes a kestrel Engine, got {type(engine).__name__}")
     if engine.model is not model:
         raise SpecArgumentError(f"{what}: engine= belongs to another model")
     if engine.max_seq < need:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import ScheduleError
+from .inputs import check_size
 from .pairing import Pairing
 from .policy import POLICIES, Policy, recurrent_bytes
 from .schedule import advance, check_hist, check_sequence, nok_distribution, parse_profile
@@ -68,6 +69,7 @@ class Prediction:
 def round_cost(u: UnitCosts, policy, pairing, k: int, n: int) -> dict:
     """Predicted ms per phase for one round with k drafts that accepts n."""
     policy, pairing = Policy.parse(policy), Pairing.parse(pairing)
+    k, n = check_size(k, "k"), check_size(n, "n_ok", lo=0)
     if not pairing.min_nok <= n <= k:
         raise ScheduleError(f"n_ok={n} outside [{pairing.min_nok}, k={k}] for the {pairing.value} pairing")
     c = {ph: 0.0 for ph in PHASES}
@@ -103,6 +105,8 @@ def predict(u: UnitCosts, policy, pairing, k: int, *, hist=None, profile=None, s
     With a sequence and T, the tokens the rounds leave are priced as the strict tail (plain
     steps). Greedy = step + argmax per token unless given."""
     policy, pairing = Policy.parse(policy), Pairing.parse(pairing)
+    k = check_size(k, "k")
+    T = None if T is None else check_size(T, "T")
     items, is_seq = _items(k, pairing, hist, profile, seq)
     W = sum(w for _, w in items)
     phases = {ph: 0.0 for ph in PHASES}

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..engine import Engine
+from ..model import Model
 from .baseline import check_engine, greedy_need, greedy_timed
 from .drafters import Drafter, make_drafter
 from .errors import SpecArgumentError
@@ -46,7 +47,9 @@ def validate_run(model, prompt, T, k, policy, drafter, *, schedule=None, referen
                  mistakes=None) -> RunArgs:
     """Check and parse run_spec's arguments (named errors: SpecArgumentError, ScheduleError,
     TokenError). Touches no engine; the CLI calls it for every start before running any."""
-    if not getattr(model, "has_mtp", False):
+    if not isinstance(model, Model):
+        raise SpecArgumentError(f"model takes a kestrel Model (from kestrel.load), got {type(model).__name__}")
+    if not model.has_mtp:
         raise SpecArgumentError("speculative decoding here drafts with the MTP head; this model has none")
     prompt = check_tokens(prompt, model, "prompt")
     T = check_length(T, model, len(prompt))
@@ -95,6 +98,11 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
     """
     a = validate_run(model, prompt, T, k, policy, drafter, schedule=schedule, reference=reference, tail=tail,
                      mistakes=mistakes)
+    for name, flag in (("greedy", greedy), ("check", check), ("check_rows", check_rows)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise SpecArgumentError(f"run_spec: {name}= takes a bool, got {flag!r:.40}")
+    if on_round is not None and not callable(on_round):
+        raise SpecArgumentError(f"run_spec: on_round= takes a function of a RoundRecord, got {on_round!r:.40}")
     if engine is not None:
         check_engine(engine, model, a.need, "run_spec", mmax=a.k, batch=a.policy.batch)
     if greedy and greedy_engine is not None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TokenError
+from ..inputs import is_int
 from .errors import SpecArgumentError
-from .schedule import is_int
 
 
 def check_size(x, name: str, lo: int = 1) -> int:

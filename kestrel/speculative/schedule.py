@@ -9,8 +9,10 @@ It applies from the first draft the MTP makes (Pairing.offset: from d_1 under th
 pairing, from d_2 under the trained one, where d_1 is free).
 
 Nothing is clamped, merged or truncated: n_ok outside [the pairing's minimum, k], a duplicate
-entry, a count that is not a non-negative int, a histogram without rounds, a rate outside
-[0, 1] or a profile with fewer depths than k needs is a ScheduleError.
+entry, a count that is not a non-negative int, a histogram without rounds or with more than
+MAX_ROUNDS (a histogram is expanded round by round: '0:2000000000' is 12 characters and two
+billion list entries), a rate outside [0, 1] or a profile with fewer depths than k needs is a
+ScheduleError.
 """
 from __future__ import annotations
 
@@ -19,16 +21,14 @@ import re
 
 import numpy as np
 
+from ..inputs import is_int
 from .errors import ScheduleError
 from .pairing import Pairing
 
+MAX_ROUNDS = 1 << 20    # rounds a histogram may hold (and expand to): a round emits at least one token, so
+                        # this is four times the positions of the largest preset (262144)
 ARTICLE_HIST = {0: 24, 1: 6, 2: 11, 3: 4}        # the article's wall run: T=64, k=3, 45 rounds, 40 accepted
 E16_PROFILE = (0.714, 0.364, 0.500, 0.750)       # the article's check "E16", teacher-forced, T=63
-
-
-def is_int(x) -> bool:
-    """A Python or NumPy integer, not a bool."""
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def _nok_key(n):
@@ -51,20 +51,27 @@ def parse_hist(h) -> dict:
                 continue
             m = re.fullmatch(r"(?:n_ok=)?(\d+):(\d+)", part)
             if not m:
-                raise ScheduleError(f"histogram entry {part!r} is not 'n_ok:count' with non-negative ints "
+                raise ScheduleError(f"histogram entry {part!r:.60} is not 'n_ok:count' with non-negative ints "
                                     f"(e.g. '0:24 1:6 2:11 3:4')")
+            if max(len(m.group(1)), len(m.group(2))) > 12:      # int() of thousands of digits fails
+                raise ScheduleError(f"histogram entry {part!r:.60} holds a number above {MAX_ROUNDS} "
+                                    f"(the most rounds a histogram may hold)")
             items.append((int(m.group(1)), int(m.group(2))))
     else:
         raise ScheduleError(f"a histogram is an 'n_ok:count ...' string or a dict, got {type(h).__name__}")
     for n, c in items:
         n = _nok_key(n)
         if not is_int(c) or c < 0:
-            raise ScheduleError(f"histogram count for n_ok={n} must be a non-negative int, got {c!r}")
+            raise ScheduleError(f"histogram count for n_ok={n} must be a non-negative int, got {c!r:.40}")
         if n in out:
             raise ScheduleError(f"histogram names n_ok={n} twice")
         out[n] = int(c)
-    if sum(out.values()) == 0:
-        raise ScheduleError(f"histogram has no rounds: {h!r}")
+    total = sum(out.values())
+    if total == 0:
+        raise ScheduleError(f"histogram has no rounds: {h!r:.60}")
+    if total > MAX_ROUNDS:
+        raise ScheduleError(f"histogram holds {total} rounds; at most {MAX_ROUNDS} (a round emits at least one "
+                            f"token, and the largest preset has 262144 positions)")
     return dict(sorted(out.items()))
 
 
@@ -200,8 +207,10 @@ class Schedule:
                  order: str = "shuffle"):
         if sum(x is not None for x in (seq, hist, profile)) != 1:
             raise ScheduleError("a schedule needs exactly one of seq=, hist=, profile=")
-        if not is_int(seed):
-            raise ScheduleError(f"the schedule's seed must be an int, got {seed!r}")
+        if not is_int(seed) or seed < 0:
+            raise ScheduleError(f"the schedule's seed must be an int >= 0, got {seed!r:.40}")
+        if order not in ("shuffle", "sorted", "given"):
+            raise ScheduleError(f"order must be 'shuffle', 'sorted' or 'given', got {order!r:.40}")
         self.pairing, self.seed, self.order = Pairing.parse(pairing), int(seed), order
         self.profile = parse_profile(profile) if profile is not None else None
         self.hist = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kestrel import speculative as spec
 from kestrel.errors import KestrelError
 from ..plots import PHASE_COLORS, POLICY_COLORS, ms_label, figure
-from kestrel.speculative.schedule import is_int
+from kestrel.inputs import is_int
 from .runs import as_runs, hist_item, run_label
 
 TAIL_DOC = "tail: plain M=1 steps after the last round (strict batch, fewer than k left)"
