@@ -66,10 +66,10 @@ class Engine:
     def reset(self):
         """Empty sequence: zero every buffer and cursor, drop snapshot and pending verify."""
         self.state.zero()
-        self.pos = 0                          # main-model cursor
-        self.attn_len = [0] * self.n_attn     # per attention layer (always == pos between calls)
-        self.mtp_len = 0                      # MTP cursor
-        self.snap = None                      # dict(pos, attn_len, mtp_len) while a mark is live
+        self._cursor = 0                      # main-model cursor: positions consumed
+        self.attn_len = [0] * self.n_attn     # per attention layer (== the cursor between calls)
+        self._mtp_cursor = 0                  # MTP cursor: rows of its KV slot written
+        self.snap = None                      # dict(cursor, attn_len, mtp_cursor) while a mark is live
         self.pending = None                   # (kind, pos, M) after verify_checkpointed / verify_cached
 
     @property
@@ -79,11 +79,11 @@ class Engine:
 
     @property
     def cursor(self) -> int:
-        return self.pos
+        return self._cursor
 
     @property
     def mtp_cursor(self) -> int:
-        return self.mtp_len
+        return self._mtp_cursor
 
     @property
     def has_snapshot(self) -> bool:
@@ -102,7 +102,7 @@ class Engine:
     def snapshot_state(self) -> dict:
         """A host copy of everything the engine holds (for bit-exact comparisons in tests)."""
         d = {k: self.be.to_numpy(a).copy() for k, a in self.state.buffers().items()}
-        d.update(slot=self.slot, pos=self.pos, attn_len=list(self.attn_len), mtp_len=self.mtp_len,
+        d.update(slot=self.slot, cursor=self._cursor, attn_len=list(self.attn_len), mtp_cursor=self._mtp_cursor,
                  snap=None if self.snap is None else dict(self.snap, attn_len=list(self.snap["attn_len"])),
                  pending=self.pending)
         return d
@@ -159,16 +159,16 @@ class Engine:
                                 f"{_FINISH[kind]}(n) first")
 
     def _advance(self, m: int):
-        self.pos += m
-        self.attn_len = [self.pos] * self.n_attn
+        self._cursor += m
+        self.attn_len = [self._cursor] * self.n_attn
 
     # ---- entries ---------------------------------------------------------------------------
     def prefill(self, tokens) -> Step:
         """Consume the prompt at positions 0..P-1 (fresh engine). Step of every row: [P, D], [P, V]."""
         toks = self._tokens(tokens, "prefill")
         self._no_pending("prefill")
-        if self.pos != 0:
-            raise CursorError(f"prefill: the engine has already consumed {self.pos} positions; call reset() first")
+        if self._cursor != 0:
+            raise CursorError(f"prefill: the engine has already consumed {self._cursor} positions; call reset() first")
         if len(toks) > self.max_seq:
             raise CursorError(f"prefill: prompt of {len(toks)} tokens exceeds max_seq={self.max_seq}")
         h, lg = self.model.forward(toks, 0, self.state)
@@ -181,7 +181,7 @@ class Engine:
         if len(toks) != 1:
             raise TokenError(f"step: takes exactly one token, got {len(toks)} (use step_m for a batch)")
         self._no_pending("step")
-        pos = self._check_pos(pos, 1, self.pos, "step")
+        pos = self._check_pos(pos, 1, self._cursor, "step")
         h, lg = self.model.forward(toks, pos, self.state)
         self._advance(1)
         return Step(h[0], lg[0])
@@ -191,7 +191,7 @@ class Engine:
         toks = self._tokens(tokens, what, feed=True)
         self._check_width(len(toks), what)
         self._no_pending(what)
-        return self._check_pos(pos, len(toks), self.pos, what), toks
+        return self._check_pos(pos, len(toks), self._cursor, what), toks
 
     def _rows(self, pos, tokens, what: str, gdn_mode: str, pending: str | None) -> Step:
         pos, toks = self._batch(pos, tokens, what)
@@ -232,7 +232,7 @@ class Engine:
         if n:
             self.model.fold(n, self.state)
         self.pending = None
-        self.pos = pos
+        self._cursor = pos
         self._advance(n)
 
     def select_checkpoint(self, n):
@@ -242,7 +242,7 @@ class Engine:
         pos, m, n = self._accept("checkpointed", n, "select_checkpoint")
         self.state.slot = (self.slot + n) % self.nslots
         self.pending = None
-        self.pos = pos
+        self._cursor = pos
         self._advance(n)
 
     def _mtp_rows(self, pos, token, hidden, what: str):
@@ -254,7 +254,7 @@ class Engine:
         m, D = len(toks), self.cfg.hidden_size
         want = (D,) if single else (m, D)
         hid = inputs.hidden_rows(hidden, want, f"{what}: hidden", getattr(self.be, "xp", np))  # finite real floats
-        pos = self._check_pos(pos, m, self.mtp_len, what, "MTP cursor")
+        pos = self._check_pos(pos, m, self._mtp_cursor, what, "MTP cursor")
         return pos, toks, self.be.asarray(hid).reshape(m, D), single
 
     def mtp_step(self, pos, token, hidden) -> Step:
@@ -262,7 +262,7 @@ class Engine:
         token: int with hidden [D], or tokens [M] with hidden [M, D]."""
         pos, toks, hid, single = self._mtp_rows(pos, token, hidden, "mtp_step")
         hp, lg = self.model.mtp_forward(toks, hid, pos, self.state)
-        self.mtp_len = pos + len(toks)
+        self._mtp_cursor = pos + len(toks)
         return Step(hp[0], lg[0]) if single else Step(hp, lg)
 
     def mtp_draft(self, pos, token, hidden, k, forced=None, fill_tokens=None, fill_hidden=None) -> Draft:
@@ -297,13 +297,13 @@ class Engine:
             rows.append((fill[1], "mtp_draft: fill_hidden"))
         inputs.all_finite(rows, xp)     # one wait, both checked
         m = 0 if fill is None else len(fill[0])
-        pos = self._check_pos(pos, m + k, self.mtp_len, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
+        pos = self._check_pos(pos, m + k, self._mtp_cursor, "mtp_draft", "MTP cursor")      # the m + k rows fit in max_seq
         if forced is not None:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:
                 raise TokenError(f"mtp_draft: forced holds {len(forced)} tokens, the chain has k={k} rows")
         t, h = self.model.mtp_draft(int(toks[0]), hid, pos, k, self.state, forced, fill)
-        self.mtp_len = pos + m + k
+        self._mtp_cursor = pos + m + k
         d = Draft(t, h, owner=self)
         d.chained_by = self          # its device tokens are this engine's argmax rows: a verify may trust them
         return d
@@ -315,7 +315,7 @@ class Engine:
         prompt's rows, the rows a round confirmed. Same arguments as mtp_step."""
         pos, toks, hid, _ = self._mtp_rows(pos, token, hidden, "mtp_fill")
         self.model.mtp_fill(toks, hid, pos, self.state)
-        self.mtp_len = pos + len(toks)
+        self._mtp_cursor = pos + len(toks)
 
     # ---- the three primitives ---------------------------------------------------------------
     def mark(self, include_mtp_cursor: bool = True):
@@ -327,8 +327,8 @@ class Engine:
         st = self.state
         st.S_snap[...] = st.S[st.slot]
         st.hist_snap[...] = st.hist[st.slot]
-        self.snap = {"pos": self.pos, "attn_len": list(self.attn_len),
-                     "mtp_len": self.mtp_len if (include_mtp_cursor and self.model.has_mtp) else None}
+        self.snap = {"cursor": self._cursor, "attn_len": list(self.attn_len),
+                     "mtp_cursor": self._mtp_cursor if (include_mtp_cursor and self.model.has_mtp) else None}
 
     def rollback(self):
         if self.snap is None:
@@ -337,10 +337,10 @@ class Engine:
         st = self.state
         st.S[st.slot] = st.S_snap
         st.hist[st.slot] = st.hist_snap
-        self.pos = self.snap["pos"]
+        self._cursor = self.snap["cursor"]
         self.attn_len = list(self.snap["attn_len"])
-        if self.snap["mtp_len"] is not None:
-            self.mtp_len = self.snap["mtp_len"]
+        if self.snap["mtp_cursor"] is not None:
+            self._mtp_cursor = self.snap["mtp_cursor"]
         self.snap = None
 
     def mtp_truncate(self, length):
@@ -348,13 +348,13 @@ class Engine:
         are never read and get overwritten by the next append. Invalidates a live snapshot."""
         if not self.model.has_mtp:
             raise KestrelError("mtp_truncate: this model has no MTP head")
-        self.mtp_len = inputs.count(length, "mtp_truncate: length", 0, self.mtp_len, "the MTP rows written",
+        self._mtp_cursor = inputs.count(length, "mtp_truncate: length", 0, self._mtp_cursor, "the MTP rows written",
                                     CursorError)
         self.snap = None
 
     def __repr__(self):
         return (f"Engine({self.cfg.name}, backend={self.be.name}, batch={self.batch}, mmax={self.mmax}, "
-                f"max_seq={self.max_seq}, cursor={self.pos}, mtp_cursor={self.mtp_len}, snapshot={self.snap is not None})")
+                f"max_seq={self.max_seq}, cursor={self._cursor}, mtp_cursor={self._mtp_cursor}, snapshot={self.snap is not None})")
 
 
 def generate(model: Model, prompt, n_tokens: int, max_seq: int | None = None) -> list:

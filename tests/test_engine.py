@@ -186,7 +186,7 @@ def test_mtp_fill_writes_the_rows_mtp_step_writes(model, rng):
         hid = rng.standard_normal((m, D)).astype(np.float32)
         toks = rng.integers(0, V, m).tolist()
         a, b = (e.snapshot_state() for e in mtp_rows_both_ways(model, prompt, q, toks, hid).values())
-        assert a["mtp_len"] == b["mtp_len"] == q + m
+        assert a["mtp_cursor"] == b["mtp_cursor"] == q + m
         assert not np.array_equal(a["mtp_kc"][q:q + m], 0 * a["mtp_kc"][q:q + m])
         for k in a:
             assert np.array_equal(a[k], b[k]) if isinstance(a[k], np.ndarray) else a[k] == b[k], k

@@ -36,12 +36,12 @@ def same_state(a: dict, b: dict):
 
 def assert_python_ints(e):
     """Every cursor the engine stores is a Python int (no NumPy scalar kept from a caller)."""
-    assert type(e.pos) is int and type(e.mtp_len) is int and all(type(x) is int for x in e.attn_len)
+    assert type(e.cursor) is int and type(e.mtp_cursor) is int and all(type(x) is int for x in e.attn_len)
     if e.pending is not None:
         assert type(e.pending[1]) is int and type(e.pending[2]) is int
     if e.snap is not None:
-        assert type(e.snap["pos"]) is int and all(type(x) is int for x in e.snap["attn_len"])
-        assert e.snap["mtp_len"] is None or type(e.snap["mtp_len"]) is int
+        assert type(e.snap["cursor"]) is int and all(type(x) is int for x in e.snap["attn_len"])
+        assert e.snap["mtp_cursor"] is None or type(e.snap["mtp_cursor"]) is int
 
 
 def outcome(call):

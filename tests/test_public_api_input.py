@@ -65,7 +65,7 @@ def test_mark_flag_must_be_a_bool(model, flag):
     before = e.snapshot_state()
     with pytest.raises(kestrel.SnapshotError, match="include_mtp_cursor"):
         e.mark(include_mtp_cursor=flag)
-    assert e.snapshot_state()["snap"] is None and before["pos"] == e.cursor
+    assert e.snapshot_state()["snap"] is None and before["cursor"] == e.cursor
 
 
 @pytest.mark.parametrize("kw,match", [(dict(engine=object()), "engine= takes a kestrel Engine"),
