@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 import kestrel  # noqa: E402
 from kestrel import speculative as spec  # noqa: E402
 from kestrel.lab import sweep  # noqa: E402
+from kestrel.lab.records import LEGACY_PHASES  # noqa: E402
 from kestrel.lab import results  # noqa: E402
 from kestrel import settings  # noqa: E402
 from kestrel.lab.results import repo_relative  # noqa: E402
@@ -160,8 +161,9 @@ def markdown(d) -> str:
          f"- commit: {d.get('commit')}", f"- host: {d['host']}", ""]
     L += ["Speedup = greedy ms/token (timed in the same call, same start) / spec ms/token. `predicted` is the",
           "cost model priced with unit costs measured on the same model and device, for the run's own rounds.",
-          "Phases per token: draft, mark, verify, rollback (checkpoint: select), replay (or the n_ok=0 step),",
-          "sync (the drafter's MTP slot), bookkeeping (accept/emit). All times from the backend clock (CUDA events on GPU).", ""]
+          "Phases per token: draft, mark, verify, undo (rollback; checkpoint: select; input-cache: fold), replay (or the",
+          "n_ok=0 step), sync (the drafter's MTP slot), bookkeeping (accept/emit). All times from the backend clock",
+          "(CUDA events on GPU). Files written before the undo phase had its name call it rollback.", ""]
     if any((sec or {}).get("units", {}).get("chain_fill") for sec in (d.get("tiny"), d.get("large"))):
         L[-1:] = ["The trained pairing's rewrite of the MTP rows a round confirmed rides in the next round's draft chain",
                   "(its first pass), so it is paid in the draft phase; sync is the truncate alone.", ""]
@@ -191,10 +193,10 @@ def markdown(d) -> str:
               f"{b.get('repeats', 1)} time(s): ms/token are medians, speedup greedy / spec of the medians (min..max of the repeats); phases, histogram "
               "and log are the repeat with the median speedup.", "",
               "| schedule | pairing | policy | k | ms/token | speedup | predicted (run's rounds) | predicted "
-              "(schedule) | draft | mark | verify | rollback | replay | sync | bookkeeping | histogram | bit-exact |",
+              "(schedule) | " + " | ".join(spec.PHASES) + " | histogram | bit-exact |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in b["runs"]:
-            ph = r["phase_ms_per_token"]
+            ph = {LEGACY_PHASES.get(n, n): v for n, v in r["phase_ms_per_token"].items()}
             ps = r["predicted_from_schedule"]
             L.append(f"| {r['schedule']} | {r['pairing']} | {r['policy']} | {r['k']} | {_x(r['ms_per_token'])}"
                      f"{_range(r.get('ms_per_token_range'))} | {_x(r['speedup'])}x{_range(r.get('speedup_range'))} | "

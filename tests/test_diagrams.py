@@ -63,7 +63,7 @@ def test_timeline_adds_up_to_the_cost_model(rng, policy, pairing):
         segs = bars(fig, policy)
         want = spec.round_cost(u, policy, pairing, k, n)
         assert sum(s[3] for s in segs) == pytest.approx(sum(want.values()), rel=1e-12)
-        for ph in ("draft", "mark", "verify", "rollback", "replay", "sync", "bookkeeping"):
+        for ph in ("draft", "mark", "verify", "undo", "replay", "sync", "bookkeeping"):
             assert sum(s[3] for s in segs if s[0] == ph) == pytest.approx(want[ph], rel=1e-12, abs=1e-15), ph
         # segments follow one another, without gaps
         for a, b in zip(segs, segs[1:]):
@@ -79,10 +79,10 @@ def test_timeline_adds_up_to_the_cost_model(rng, policy, pairing):
         else:
             assert replays == (1 if n == 0 else 0)                   # only the n_ok = 0 step
         if policy == "input-cache":
-            fold = [s for s in segs if s[0] == "rollback"]
+            fold = [s for s in segs if s[0] == "undo"]
             assert len(fold) == 1 and fold[0][3] == u.fold[n] and f"fold {n} cached row" in fold[0][1]
         if policy == "checkpoint":
-            sel = [s for s in segs if s[0] == "rollback"]
+            sel = [s for s in segs if s[0] == "undo"]
             assert len(sel) == 1 and sel[0][3] == u.select and f"select slot live+{n}" in sel[0][1]
         order = [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p]
         rewrite = [s for s in segs if "rewrite" in s[1]]       # paid at the next draft (chain_fill), else in the sync

@@ -487,8 +487,8 @@ def test_policy_and_pairing_dispatch():
     assert [(p.offset, p.min_nok, p.mtp_steps(3), p.judged_depths(3)) for p in spec.Pairing] == \
         [(0, 0, 3, 3), (1, 1, 2, 2)]
     # each policy's cost formula is its own: the checkpoint policy prices no mark and no replay of accepted rows
-    assert spec.CHECKPOINT.cost(UNITS, 3, 2) == {"verify": 15.0, "rollback": 0.1}
-    assert spec.FLEX_REPLAY.cost(UNITS, 3, 2) == {"mark": 2.0, "verify": 14.0, "rollback": 2.0, "replay": 12.0}
+    assert spec.CHECKPOINT.cost(UNITS, 3, 2) == {"verify": 15.0, "undo": 0.1}
+    assert spec.FLEX_REPLAY.cost(UNITS, 3, 2) == {"mark": 2.0, "verify": 14.0, "undo": 2.0, "replay": 12.0}
     assert spec.REPLAY.cost(UNITS, 3, 3) == {"mark": 2.0, "verify": 14.0}
 
 
@@ -502,14 +502,14 @@ class SelectAndReplay(spec.Policy):
 
     def finalise(self, eng, s, p, consumed, n_ok, k, lap):
         eng.select_checkpoint(0)
-        lap("rollback")
+        lap("undo")
         s2 = eng.step_m(p + 1, consumed)
         lap("replay")
         return spec.Finalised(s2.hidden, s2.logits[len(consumed) - 1],
                               replayed_logits=[s2.logits[j] for j in range(len(consumed))])
 
     def cost(self, u, k, n):
-        return {"verify": u.get("ckpt", k), "rollback": u.select, "replay": u.get("step_m", max(n, 1))}
+        return {"verify": u.get("ckpt", k), "undo": u.select, "replay": u.get("step_m", max(n, 1))}
 
 
 def test_a_new_policy_is_one_object(model, starts, refs):

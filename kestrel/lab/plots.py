@@ -36,7 +36,7 @@ __all__ = ["show", "figure", "stamp", "measured_here", "device_name", "table", "
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 # one colour per round phase and per undo policy, in every figure, diagram and widget
-PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "rollback": "#ff7f0e",
+PHASE_COLORS = {"draft": "#9467bd", "mark": "#d62728", "verify": "#1f77b4", "undo": "#ff7f0e",
                 "replay": "#e377c2", "sync": "#8c564b", "bookkeeping": "#7f7f7f", "tail": "#bcbd22"}
 POLICY_COLORS = {"replay": "#d62728", "flex-replay": "#ff7f0e", "checkpoint": "#2ca02c", "input-cache": "#17becf"}
 DEFAULT_HEIGHT = 420

@@ -45,4 +45,4 @@ def run_terms(summary) -> dict:
         raise SpecArgumentError("run_terms: the run has no greedy baseline (run_spec(..., greedy=True))")
     ph, a, g = summary.phase_ms_per_token, summary.advance_per_round, summary.greedy_ms_per_token
     return {"verify": ph["verify"] * a / g, "draft": ph["draft"] * a / g,
-            "undo": (ph["mark"] + ph["rollback"] + ph["replay"]) * a / g}
+            "undo": (ph["mark"] + ph["undo"] + ph["replay"]) * a / g}

@@ -65,6 +65,10 @@ def read_units(f: Field) -> spec.UnitCosts:
     return spec.UnitCosts(**kw)
 
 
+# Files written before the undo step's phase had its own name recorded it as "rollback".
+LEGACY_PHASES = {"rollback": "undo"}
+
+
 def read_run(f: Field, model: str, device: str) -> spec.RunSummary:
     """A run row (a RunSummary's dict plus a benchmark's additions, which are not kept)."""
     def parsed(key, parse):
@@ -72,14 +76,16 @@ def read_run(f: Field, model: str, device: str) -> spec.RunSummary:
             return parse(f[key].str())
         except KestrelError:
             f[key].fail("a known name")
-    phases = {}
-    for name, g in f["phase_ms_per_token"].entries():
-        if name not in spec.PHASES:
-            g.fail(f"a phase, one of {list(spec.PHASES)}")
-        phases[name] = g.num()
-    pred_phases = None
-    if f.has("predicted_phase_ms_per_token"):
-        pred_phases = {n: g.num() for n, g in f["predicted_phase_ms_per_token"].entries()}
+    def phase_table(key) -> dict:
+        out = {}
+        for name, g in f[key].entries():
+            name = LEGACY_PHASES.get(name, name)
+            if name not in spec.PHASES:
+                g.fail(f"a phase, one of {list(spec.PHASES)}")
+            out[name] = g.num()
+        return out
+    phases = phase_table("phase_ms_per_token")
+    pred_phases = phase_table("predicted_phase_ms_per_token") if f.has("predicted_phase_ms_per_token") else None
     hits = []
     for g in f["cond_hits"].items():
         g.obj()

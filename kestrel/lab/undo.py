@@ -461,6 +461,6 @@ def cost_rows(u, k: int = 3, n: int = 1) -> list:
         c = pol.cost(u, k, n)
         undo = {"replay": "rollback", "flex-replay": "rollback", "checkpoint": "select", "input-cache": "fold"}[name]
         rows.append({"policy": name, f"verify {k} rows": f"{c['verify']:.3f}", "mark": f"{c.get('mark', 0):.3f}",
-                     "undo step": undo, "undo": f"{c.get('rollback', 0):.3f}", "replay": f"{c.get('replay', 0):.3f}",
+                     "undo step": undo, "undo": f"{c.get('undo', 0):.3f}", "replay": f"{c.get('replay', 0):.3f}",
                      "sum (ms)": f"{sum(c.values()):.3f}", "_ms": c})
     return rows

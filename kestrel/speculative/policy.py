@@ -11,7 +11,7 @@ model both dispatch through it, so a new policy is one new class here (plus its 
                inputs (kilobytes a row); finalise is fold_cached(n_ok), which runs the accepted
                rows' inputs into the live state in place: no copy of the state, no model replay.
 n_ok == 0 emits a_p = argmax(logits_p): every policy then consumes it with one M=1 step.
-The undo step (rollback, select_checkpoint or the fold) is timed as the phase "rollback".
+The undo step (rollback, select_checkpoint or the fold) is timed as the phase "undo".
 
 Each policy also accounts for the recurrent-state bytes it moves (state_traffic): from the
 config alone, what a round of k drafts accepting n reads and writes of the GDN state S, the conv
@@ -56,7 +56,7 @@ class Policy:
 
     def finalise(self, eng, s, p: int, consumed: list, n_ok: int, k: int, lap) -> Finalised:
         """Leave the engine having consumed exactly `consumed` after position p. s: the verify's
-        Step; lap(phase) closes a timed phase ('rollback', 'replay')."""
+        Step; lap(phase) closes a timed phase ('undo', 'replay')."""
         raise NotImplementedError
 
     # ---- the cost model ------------------------------------------------------------------------
@@ -124,7 +124,7 @@ class _MarkRollback(Policy):
         if n_ok == k:
             return _keep(s, k)
         eng.rollback()
-        lap("rollback")
+        lap("undo")
         hid, lg, lgs = self.replay(eng, p, consumed, n_ok)
         lap("replay")
         return Finalised(hid, lg, rolled_back=True, replayed_logits=lgs)
@@ -140,7 +140,7 @@ class _MarkRollback(Policy):
     def cost(self, u, k, n):
         c = {"mark": u.mark, "verify": u.get("step_m", k)}
         if n < k:
-            c["rollback"] = u.rollback
+            c["undo"] = u.rollback
             c["replay"] = self.replay_cost(u, n)
         return c
 
@@ -191,14 +191,14 @@ class CheckpointPolicy(Policy):
 
     def finalise(self, eng, s, p, consumed, n_ok, k, lap):
         eng.select_checkpoint(n_ok)                 # slot n_ok (0: the untouched original)
-        lap("rollback")
+        lap("undo")
         return _accepted_rows(eng, s, p, consumed, n_ok, lap)
 
     def logits_are_a_verify_row(self, k, n):
         return n >= 1                   # n = 0 takes one more step for a_p
 
     def cost(self, u, k, n):
-        c = {"verify": u.get("ckpt", k), "rollback": u.select}
+        c = {"verify": u.get("ckpt", k), "undo": u.select}
         if n == 0:
             c["replay"] = u.step
         return c
@@ -221,7 +221,7 @@ class InputCachePolicy(Policy):
 
     def finalise(self, eng, s, p, consumed, n_ok, k, lap):
         eng.fold_cached(n_ok)                       # n_ok == 0: nothing to fold
-        lap("rollback")
+        lap("undo")
         return _accepted_rows(eng, s, p, consumed, n_ok, lap)
 
     def priced_by(self, u):
@@ -231,7 +231,7 @@ class InputCachePolicy(Policy):
         return n >= 1                   # n = 0 takes one more step for a_p
 
     def cost(self, u, k, n):
-        c = {"verify": u.get("cached", k), "rollback": u.get("fold", n)}
+        c = {"verify": u.get("cached", k), "undo": u.get("fold", n)}
         if n == 0:
             c["replay"] = u.step
         return c

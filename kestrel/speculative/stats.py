@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from .schedule import advance
 
-PHASES = ("draft", "mark", "verify", "rollback", "replay", "sync", "bookkeeping")
+PHASES = ("draft", "mark", "verify", "undo", "replay", "sync", "bookkeeping")
 PHASE_DOC = {
     "draft": "drafter: MTP steps (+ argmax of each); the trained pairing's rewrite of the confirmed rows rides in the chain's first pass",
     "mark": "mark(): copy every GDN S/hist (device to device), record cursors",
     "verify": "step_m(p+1, drafts) or verify_checkpointed(p+1, drafts)",
-    "rollback": "rollback(): copy S/hist back, restore cursors; checkpoint: select_checkpoint(n_ok) (no copy)",
+    "undo": "the policy's undo step: rollback() (copy S/hist back, restore cursors); checkpoint: "
+            "select_checkpoint(n_ok) (no copy); input-cache: fold_cached(n_ok) (the accepted rows folded in)",
     "replay": "replay the accepted rows (M=1 steps or one batch), or the n_ok=0 step",
     "sync": "drafter keeps the MTP slot: truncate (the trained pairing holds the rows to rewrite for its next chain)",
     "bookkeeping": "accept/emit: argmax of the verify rows, checks, argmax(logits_p') unless it is a verify row's",

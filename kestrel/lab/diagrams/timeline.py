@@ -14,7 +14,7 @@ PHASE_LABELS = {
     "mark": "mark (copy the state)",
     "verify": "verify (k rows at once)",
     "bookkeeping": "accept (argmax, compare, emit)",
-    "rollback": "undo: rollback / select / fold",
+    "undo": "undo: rollback / select / fold",
     "replay": "replay (or the n_ok = 0 step)",
     "sync": "MTP sync (truncate)",
     "greedy": "greedy decoding, same tokens",
@@ -40,7 +40,7 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
         seg.append(("bookkeeping", "argmax(logits_p')", total["bookkeeping"] - u.bookkeeping))
     if policy.name in ("replay", "flex-replay"):
         if n < k:
-            seg.append(("rollback", "rollback: copy S, hist back", c["rollback"]))
+            seg.append(("undo", "rollback: copy S, hist back", c["undo"]))
             if policy.name == "replay":
                 for j in range(advance(n)):
                     seg.append(("replay", f"replay row {j + 1} (M=1)" if n else "step a_p (M=1)", u.step))
@@ -48,11 +48,11 @@ def _segments(policy, pairing, k: int, n: int, u) -> list:
                 label = f"replay {n} row{'s' * (n > 1)} (one step_m)" if n else "step a_p (M=1)"
                 seg.append(("replay", label, c["replay"]))
     elif policy.name == "checkpoint":
-        seg.append(("rollback", f"select slot live+{n}", c["rollback"]))
+        seg.append(("undo", f"select slot live+{n}", c["undo"]))
         if n == 0:
             seg.append(("replay", "step a_p (M=1)", c["replay"]))
     else:
-        seg.append(("rollback", f"fold {n} cached row{'s' * (n != 1)}", c["rollback"]))
+        seg.append(("undo", f"fold {n} cached row{'s' * (n != 1)}", c["undo"]))
         if n == 0:
             seg.append(("replay", "step a_p (M=1)", c["replay"]))
     r = pairing.rewrite_rows(k, n)
@@ -112,7 +112,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
     for ylab, segs in rows:
         t = 0.0
         for ph, label, ms in segs:
-            if ph == "rollback" and ms < 0.04 * longest:   # too short to read: say it above the bar
+            if ph == "undo" and ms < 0.04 * longest:   # too short to read: say it above the bar
                 small.append((t + ms / 2, ylab, f"{label}: {ms:.2g} {'ms' if measured else 'steps'}"))
             d = by_phase.setdefault(ph, {"x": [], "base": [], "y": [], "text": []})
             d["x"].append(ms)
@@ -121,7 +121,7 @@ def _timeline_figure(rows, measured: bool, u, title: str, height: int | None):
             d["text"].append(label)
             t += ms
         totals.append((ylab, t))
-    for ph in ("draft", "mark", "verify", "bookkeeping", "rollback", "replay", "sync", "greedy"):
+    for ph in ("draft", "mark", "verify", "bookkeeping", "undo", "replay", "sync", "greedy"):
         if ph not in by_phase:
             continue
         d = by_phase[ph]

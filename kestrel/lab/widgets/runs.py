@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kestrel import speculative as spec
+
+from ..checks import Field
+from ..records import read_run
 from kestrel.errors import KestrelError
 from ..results import SpecSection, load_bench
 
@@ -58,8 +61,8 @@ def as_run(x) -> tuple:
         return x.summary(), x
     if isinstance(x, (spec.RunSummary, spec.Prediction)):
         return x, None
-    if isinstance(x, dict):
-        return spec.RunSummary.from_dict(x), None
+    if isinstance(x, dict):         # a results row: through the results files' validating reader
+        return read_run(Field(x, "a results row"), x.get("model", ""), x.get("device", "")), None
     raise KestrelError(f"a run is a SpecResult, a RunSummary, a Prediction or a results row, got {type(x).__name__}")
 
 
