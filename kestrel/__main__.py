@@ -52,6 +52,12 @@ def _count(lo: int):
     return parse
 
 
+def _k_or_auto(s: str):
+    if s == "auto":
+        return s
+    return _count(1)(s)
+
+
 def _load(args):
     model = args.model
     if model != "tiny" and model not in kestrel.PRESETS and not Path(model).is_dir():
@@ -171,9 +177,12 @@ def check_spec(args):
                             "--hist: " if args.hist is not None else "--profile: ")
     kw = dict(policy=args.policy, drafter=args.drafter, schedule=schedule, tail=args.tail,
               mistakes=spec.Mistakes(feed=args.feed))
+    auto = dict(k_max=args.k_max) if args.k == "auto" else {}
     for i, (lab, toks) in starts:
-        _checked(lambda: spec.validate_run(model, toks, args.T, args.k, **kw), f"start {i}: ")
-    return model, starts, kw
+        _checked(lambda: spec.validate_run(model, toks, args.T, args.k, **kw, **auto), f"start {i}: ")
+    if auto:                # one measurement of the unit costs serves every start
+        auto["unit_costs"] = spec.measure_unit_costs(model, k_max=args.k_max)
+    return model, starts, {**kw, **auto}
 
 
 def cmd_spec(args) -> int:
@@ -272,7 +281,9 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     p = sub.add_parser("spec", help="speculative decoding with the article's log lines")
     _common(p)
-    p.add_argument("--k", type=_count(1), default=3, help="drafts per round")
+    p.add_argument("--k", type=_k_or_auto, default=3, help="drafts per round, or 'auto': each round's k chosen "
+                   "(0..--k-max, 0 a plain step) from unit costs measured first and the acceptance seen so far")
+    p.add_argument("--k-max", type=_count(1), default=4, help="with --k auto: the most drafts a round takes")
     p.add_argument("--policy", default="checkpoint", choices=tuple(POLICIES))
     p.add_argument("--drafter", default="mtp", choices=DRAFTERS)
     p.add_argument("--hist", default=None, help="replay drafter: n_ok histogram, e.g. '0:24 1:6 2:11 3:4'")

@@ -113,6 +113,17 @@ class Drafter:
         positions p+1..p'."""
         raise NotImplementedError
 
+    def skip(self, eng, ctx: RoundCtx, token: int):
+        """A round that drafted nothing (k = 0: a plain step consumed `token` at p+1). Row p of the
+        slot pairs (t_{p+offset}, h_p): it is held like a round's rewrite, for the next chain's
+        first pass (however many plain steps come first: a draft may never come again)."""
+        x = int(token) if self.pairing.offset else int(ctx.t_p)
+        row = ctx.h_p.reshape(1, -1)
+        if self.fill is None:
+            self.fill = ([x], row)
+        else:
+            self.fill = (self.fill[0] + [x], self.be.xp.concatenate([self.fill[1], row], axis=0))
+
     def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False):
         """Drafts j = j0..k-1 by the MTP chain (one Engine.mtp_draft of k - j0 rows): row q reads
         (x, h), each next row the draft before it and that row's h'. The pending fill rows go
@@ -259,6 +270,9 @@ class ReplayDrafter(Drafter):
 
     def sync(self, eng, ctx, consumed, hid_rows, rolled_back, trusting):
         self.base.sync(eng, ctx, consumed, hid_rows, rolled_back, trusting)
+
+    def skip(self, eng, ctx, token):
+        self.base.skip(eng, ctx, token)
 
 
 BASE_DRAFTER = {Pairing.ARTICLE: MTPArticleDrafter, Pairing.TRAINED: MTPDrafter}

@@ -4,6 +4,7 @@
     r.summary()          # RunSummary: histogram, hit rates, ms/token by phase, speedup vs greedy
     run_spec(model, prompt, 64, 3, "replay", "replay", schedule=Schedule(hist=ARTICLE_HIST))
     run_spec(..., mistakes=Mistakes(emit_self=True), check=False)      # the deliberately wrong variants
+    run_spec(model, prompt, 64, k="auto", k_max=4, unit_costs=u)        # each round's k chosen (adaptive.py)
 
 Every argument is checked before any engine state changes (validate_run); names (policy,
 drafter, pairing) are parsed once into their types here.
@@ -26,6 +27,8 @@ from .policy import Policy
 from .records import SpecResult
 from .mistakes import MistakenRun, Mistakes
 from .round import TAILS, SpecRun
+from .adaptive import KChooser
+from .units import measure_unit_costs
 from .. import ASSETS
 
 
@@ -41,10 +44,11 @@ class RunArgs:
     mistakes: Mistakes
     reference: list | None
     need: int                       # engine positions the run uses
+    auto: bool = False              # k = "auto": k is k_max, each round's k chosen (adaptive.KChooser)
 
 
 def validate_run(model, prompt, T, k, policy, drafter, *, schedule=None, reference=None, tail=None,
-                 mistakes=None) -> RunArgs:
+                 mistakes=None, k_max: int = 4) -> RunArgs:
     """Check and parse run_spec's arguments (named errors: SpecArgumentError, ScheduleError,
     TokenError). Touches no engine; the CLI calls it for every start before running any."""
     if not isinstance(model, Model):
@@ -53,14 +57,20 @@ def validate_run(model, prompt, T, k, policy, drafter, *, schedule=None, referen
         raise SpecArgumentError("speculative decoding here drafts with the MTP head; this model has none")
     prompt = check_tokens(prompt, model, "prompt")
     T = check_length(T, model, len(prompt))
-    k = check_size(k, "k")
+    auto = isinstance(k, str) and k == "auto"
+    k = check_size(k_max, "k_max") if auto else check_size(k, "k")
     policy = Policy.parse(policy)
+    if auto and policy.batch == "strict":
+        raise SpecArgumentError(f"k='auto' varies the verify's rows round by round; the {policy} policy's strict "
+                                f"batch takes M == mmax only (use flex-replay, checkpoint or input-cache)")
     mistakes = Mistakes() if mistakes is None else mistakes
     if not isinstance(mistakes, Mistakes):
         raise SpecArgumentError(f"mistakes= takes a spec.Mistakes, got {type(mistakes).__name__}")
     tail = tail or ("plain" if policy.batch == "strict" else "shrink")
     if tail not in TAILS:
         raise SpecArgumentError(f"tail must be one of {TAILS}, got {tail!r}")
+    if auto and mistakes.on():
+        raise SpecArgumentError("k='auto' runs the protocol; the deliberate mistakes take a fixed k")
     if mistakes.mark_first and not policy.uses_mark:
         raise SpecArgumentError(f"mark_first is the negative control of mark/rollback; the {policy} policy takes no mark")
     if reference is not None:
@@ -74,14 +84,18 @@ def validate_run(model, prompt, T, k, policy, drafter, *, schedule=None, referen
     if mistakes.mark_first:                      # the MTP slot may drift by up to k rows per round
         need += (T + 1) * (k + 1)
     need = min(need, model.cfg.max_position_embeddings)
-    return RunArgs(prompt, T, k, policy, d, tail, mistakes, reference, need)
+    return RunArgs(prompt, T, k, policy, d, tail, mistakes, reference, need, auto)
 
 
 def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafter="mtp", *, schedule=None,
              reference=None, greedy: bool = True, tail: str | None = None, mistakes: Mistakes | None = None,
              check: bool = True, check_rows: bool = False, on_round=None, engine=None,
-             greedy_engine=None) -> SpecResult:
+             greedy_engine=None, k_max: int = 4, unit_costs=None) -> SpecResult:
     """Speculative decoding of T tokens after `prompt` with k drafts per round.
+
+    k: an int, or "auto": each round's k in 0..k_max chosen from unit_costs (a UnitCosts of this
+    model on this device; measured here first when None) and the acceptance seen so far, 0 a
+    plain step (kestrel/speculative/adaptive.py). Needs a flex-batch policy.
 
     policy: 'replay' | 'flex-replay' | 'checkpoint' (or a Policy). drafter: 'mtp-article' |
     'mtp' | 'replay' (with schedule=Schedule(hist= | profile= | seq=, pairing=)) | a Drafter.
@@ -97,7 +111,14 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
     them so that a GPU backend's captured plans (keyed on the engine's buffers) are reused.
     """
     a = validate_run(model, prompt, T, k, policy, drafter, schedule=schedule, reference=reference, tail=tail,
-                     mistakes=mistakes)
+                     mistakes=mistakes, k_max=k_max)
+    chooser = None
+    if a.auto:
+        if unit_costs is None:
+            unit_costs = measure_unit_costs(model, k_max=a.k)
+        chooser = KChooser(unit_costs, a.policy, a.drafter.pairing, a.k)
+    elif unit_costs is not None:
+        raise SpecArgumentError("unit_costs= prices the rounds of k='auto'; a fixed k takes none")
     for name, flag in (("greedy", greedy), ("check", check), ("check_rows", check_rows)):
         if not isinstance(flag, (bool, np.bool_)):
             raise SpecArgumentError(f"run_spec: {name}= takes a bool, got {flag!r:.40}")
@@ -121,14 +142,15 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
     else:
         eng = Engine(model, max_seq=a.need, mmax=a.k, batch=a.policy.batch)
     args = (model, eng, d, a.prompt, a.T, a.k, a.policy, a.tail, check, check_rows, on_round)
-    run = (MistakenRun(*args, mistakes=a.mistakes) if a.mistakes.on() else SpecRun(*args)).go()
+    run = (MistakenRun(*args, mistakes=a.mistakes) if a.mistakes.on() else SpecRun(*args, chooser=chooser)).go()
     be = model.be
     return SpecResult(model=model.cfg.name, device=getattr(be, "device_name", be.name), policy=a.policy,
-                      drafter=d.describe(), pairing=d.pairing, k=a.k, T=a.T, batch=a.policy.batch, tail_mode=a.tail,
+                      drafter=d.describe(), pairing=d.pairing, k="auto" if a.auto else a.k, T=a.T, batch=a.policy.batch, tail_mode=a.tail,
                       prompt=a.prompt, stream=run.stream[:a.T], reference=reference, rounds=run.records,
                       tail_tokens=run.tail_tokens, tail_ms=run.tail_ms, tail_reason=run.tail_reason,
                       prefill_ms=run.prefill_ms, mtp_fill_ms=run.mtp_fill_ms, greedy_ms=greedy_ms,
-                      variants=a.mistakes.on())
+                      variants=a.mistakes.on(), auto_k_max=a.k if a.auto else None,
+                      choices=chooser.trace if a.auto else None)
 
 
 def default_starts(model, n: int = 6, seed: int = 0) -> list:

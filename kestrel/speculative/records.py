@@ -16,7 +16,7 @@ from .stats import PHASES, CondHit, NokCounts, conditional_hits, histogram
 class RoundRecord:
     i: int                  # round index
     p: int                  # anchor: main consumed through p
-    k: int                  # drafts this round (k, or fewer in a shrunk tail round)
+    k: int                  # drafts this round (k, fewer in a shrunk tail round; 0: a plain step, k = "auto")
     drafts: list
     n_ok: int
     emitted: list           # tokens emitted this round
@@ -60,6 +60,8 @@ class RunSummary(NokCounts):
     predicted_ms_per_token: float | None = None
     predicted_speedup: float | None = None
     predicted_phase_ms_per_token: dict | None = None
+    plain_steps: int = 0              # rounds that drafted nothing (k = "auto" chose a plain step)
+    k_chosen: dict | None = None      # k = "auto": k -> rounds that took it (0: plain steps)
 
     @property
     def speedup(self) -> float | None:
@@ -140,6 +142,8 @@ class SpecResult:
     mtp_fill_ms: float = 0.0
     greedy_ms: float | None = None         # greedy decode of the same T tokens, same run
     variants: dict = field(default_factory=dict)
+    auto_k_max: int | None = None          # k = "auto": the most drafts a round could take
+    choices: list | None = None            # k = "auto": adaptive.Choice per round
 
     @property
     def bit_exact(self) -> bool | None:
@@ -155,8 +159,22 @@ class SpecResult:
         return None if len(self.stream) == len(self.reference) else min(len(self.stream), len(self.reference))
 
     @property
+    def drafted(self) -> list:
+        """The rounds that drafted (every round but the plain steps k = "auto" chose)."""
+        return [r for r in self.rounds if r.k > 0]
+
+    @property
     def noks(self) -> list:
-        return [r.n_ok for r in self.rounds]
+        return [r.n_ok for r in self.drafted]
+
+    def k_chosen(self) -> dict | None:
+        """k = "auto": k -> rounds that took it (0: plain steps); None for a fixed k."""
+        if self.k != "auto":
+            return None
+        out = {}
+        for r in self.rounds:
+            out[r.k] = out.get(r.k, 0) + 1
+        return dict(sorted(out.items()))
 
     @property
     def spec_ms(self) -> float:
@@ -167,13 +185,19 @@ class SpecResult:
 
     def summary(self) -> RunSummary:
         return RunSummary(
-            policy=self.policy, pairing=self.pairing, drafter=self.drafter, k=self.k, T=self.T,
-            hist=histogram(self.noks, self.k), cond_hits=conditional_hits(self.noks, [r.k for r in self.rounds]),
+            policy=self.policy, pairing=self.pairing, drafter=self.drafter, k=self.k_max, T=self.T,
+            hist=histogram(self.noks, self.k_max), cond_hits=conditional_hits(self.noks, [r.k for r in self.drafted]),
             ms_per_token=self.spec_ms / self.T, phase_ms_per_token={ph: v / self.T for ph, v in self.phase_ms().items()},
             greedy_ms_per_token=None if self.greedy_ms is None else self.greedy_ms / self.T,
             bit_exact=self.bit_exact, first_diff=self.first_diff, model=self.model, device=self.device,
             prompt_tokens=len(self.prompt), tail_tokens=self.tail_tokens, tail_reason=self.tail_reason,
-            variants=dict(self.variants))
+            variants=dict(self.variants), plain_steps=len(self.rounds) - len(self.drafted),
+            k_chosen=self.k_chosen())
+
+    @property
+    def k_max(self) -> int:
+        """The most drafts a round could take: k, or k_max under k = "auto"."""
+        return self.auto_k_max if self.k == "auto" else self.k
 
     def log_lines(self) -> list:
         return log_lines(self.summary())
@@ -207,8 +231,8 @@ def aggregate(results: list) -> RunSummary:
         raise SpecArgumentError(f"aggregate: runs of one policy and pairing only ({r0.policy}/{r0.pairing} and "
                                 f"{mixed[0].policy}/{mixed[0].pairing})")
     noks = [n for r in results for n in r.noks]
-    ks = [x.k for r in results for x in r.rounds]
-    k = max(r.k for r in results)
+    ks = [x.k for r in results for x in r.drafted]
+    k = max(r.k_max for r in results)
     T = sum(r.T for r in results)
     phases = phase_totals([x for r in results for x in r.rounds])
     greedy = None if any(r.greedy_ms is None for r in results) else sum(r.greedy_ms for r in results)
@@ -224,7 +248,17 @@ def aggregate(results: list) -> RunSummary:
         model=r0.model, device=r0.device, runs=len(results), tail_tokens=sum(r.tail_tokens for r in results),
         tail_reason=(f"fewer than k={k} left at the end of {tails} run(s): the strict batch needs M == mmax, "
                      f"so the article's driver stops speculating") if tails else "",
-        speedup_per_run=[r.summary().speedup for r in results])
+        speedup_per_run=[r.summary().speedup for r in results],
+        plain_steps=sum(len(r.rounds) - len(r.drafted) for r in results), k_chosen=_k_chosen(results))
+
+
+def _k_chosen(results) -> dict | None:
+    """k -> rounds over runs with k = "auto" (None when none of them chose)."""
+    out = {}
+    for r in results:
+        for k, c in (r.k_chosen() or {}).items():
+            out[k] = out.get(k, 0) + c
+    return dict(sorted(out.items())) if out else None
 
 
 def _f(x, nd=3):
@@ -244,13 +278,17 @@ def log_lines(s: RunSummary) -> list:
         lines.append(f"[spec] A (greedy, MTP off) {s.T} tokens: {s.greedy_ms:.1f} ms "
                      f"({s.greedy_ms_per_token:.3f} ms/token)")
     sp = f" => speedup {s.speedup:.3f}x" if s.speedup is not None else ""
-    lines.append(f"[spec] B (spec, k={s.k}, policy={s.policy}, drafter={s.drafter}) "
+    k = f"auto (<= {s.k})" if s.k_chosen else s.k
+    lines.append(f"[spec] B (spec, k={k}, policy={s.policy}, drafter={s.drafter}) "
                  f"{s.T} tokens: {s.spec_ms:.1f} ms ({s.ms_per_token:.3f} ms/token){sp}")
     lines.append(f"[spec] rounds={s.rounds} accepted={s.accepted} mean/round={s.mean_per_round:.3f} "
                  f"=> advance/round={s.advance_per_round:.3f} (n_ok=0 rounds={s.zero_rounds})")
     lines.append(f"[spec] n_ok histogram: {format_hist(s.hist)}")
     if s.cond_hits:
         lines.append(cond_line(s.cond_hits))
+    if s.k_chosen:
+        lines.append(f"[spec] k chosen per round (k=auto): {' '.join(f'k={k}:{c}' for k, c in s.k_chosen.items())} "
+                     f"({s.plain_steps} plain step(s), no draft)")
     if s.tail_tokens:
         lines.append(f"[spec] tail: {s.tail_tokens} token(s) by plain M=1 steps ({s.tail_reason})")
     if s.bit_exact is not None:

@@ -43,10 +43,11 @@ class SpecRun:
     trusting = False      # whether the driver trusts rollback() to rewind the MTP slot (it does not)
 
     def __init__(self, model, eng, drafter: Drafter, prompt, T: int, k: int, policy: Policy, tail: str,
-                 check: bool, check_rows: bool, on_round=None):
+                 check: bool, check_rows: bool, on_round=None, chooser=None):
         self.model, self.be, self.eng, self.d = model, model.be, eng, drafter
         self.prompt, self.T, self.k, self.policy, self.tail = prompt, T, k, policy, tail
         self.check, self.check_rows, self.on_round = check, check_rows, on_round
+        self.chooser = chooser          # adaptive.KChooser: each round's k (0: a plain step), else k
         self.stream, self.records = [], []
         self.tail_tokens, self.tail_ms, self.tail_reason = 0, 0.0, ""
 
@@ -64,6 +65,14 @@ class SpecRun:
         self._check_invariant()
         while len(self.stream) < self.T:
             left = self.T - len(self.stream)
+            if self.chooser is not None:
+                kr = self.chooser.choose(left)
+                if kr == 0:
+                    self._plain_round()
+                    self.chooser.observe_plain()
+                else:
+                    self._round(kr)
+                continue
             kr = self.k
             if left < self.k:
                 if self.tail == "plain":
@@ -116,6 +125,8 @@ class SpecRun:
         n_ok = 1 if ctx.a_p == drafts[0] else 0
         while n_ok >= 1 and n_ok < k and rows[n_ok - 1] == drafts[n_ok]:
             n_ok += 1
+        if self.chooser is not None:
+            self.chooser.observe(k, n_ok)
         consumed = drafts[:n_ok] if n_ok >= 1 else [ctx.a_p]
         self_token = rows[n_ok - 1] if n_ok >= 1 else None
         emitted = self.emitted(consumed, self_token)
@@ -146,6 +157,29 @@ class SpecRun:
         self.records.append(RoundRecord(i=len(self.records), p=p, k=k, drafts=list(drafts), n_ok=n_ok,
                                         emitted=emitted, self_token=self_token, mtp_cursor=mcur, ms=ms,
                                         requested=req))
+        if self.on_round is not None:
+            self.on_round(self.records[-1])
+
+    def _plain_round(self):
+        """A round that drafts nothing (k = 0): one plain step consumes a_p at p+1; the drafter
+        holds the MTP row it leaves for its next chain. Timed as 'replay' (the step) and
+        'bookkeeping' (the argmax of a_p')."""
+        be, eng, ctx = self.be, self.eng, self.ctx
+        mcur = eng.mtp_cursor
+        a = be.now()
+        t = ctx.a_p
+        s = eng.step(ctx.p + 1, t)
+        b = be.now()
+        self.d.skip(eng, ctx, t)
+        a_p = int(be.argmax(s.logits))
+        c = be.now()
+        self.stream.append(t)
+        self.ctx = RoundCtx(p=ctx.p + 1, t_p=t, h_p=s.hidden, h_prev=ctx.h_p, a_p=a_p, emitted=len(self.stream),
+                            P=ctx.P)
+        self._check_invariant()
+        self.records.append(RoundRecord(i=len(self.records), p=ctx.p, k=0, drafts=[], n_ok=0, emitted=[t],
+                                        self_token=None, mtp_cursor=mcur,
+                                        ms={"replay": be.elapsed_ms(a, b), "bookkeeping": be.elapsed_ms(b, c)}))
         if self.on_round is not None:
             self.on_round(self.records[-1])
 

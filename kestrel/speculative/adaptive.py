@@ -1,0 +1,123 @@
+"""k = "auto": each round's k chosen from the measured unit costs and a running estimate of the
+acceptance profile, k = 0 (a plain step: no draft, no verify) included.
+
+    run_spec(model, prompt, 64, k="auto", policy="checkpoint", drafter="mtp", k_max=4, unit_costs=u)
+
+Why. A round of k drafts pays the draft chain, a verify of k rows and the undo; it advances
+max(n_ok, 1) tokens. When the drafts are good that beats a step a token; when they are not, or
+when the shape is launch-bound so that a verify of k rows costs several steps, every fixed k
+loses to plain decoding. The cost model (cost.predict) prices a round for any k and any per-depth
+acceptance profile; this chooser feeds it the profile the run has seen so far and takes the k
+with the lowest predicted ms per token, 0 when a plain step (greedy: step + argmax) is cheaper.
+
+The estimate. One rate per judged depth j (the pairing's: the trained pairing's d_1 is free, so its
+first judged draft is d_2), an exponential moving average over the rounds that reached that depth
+(weight WEIGHT per observation), starting at PRIOR: recent rounds count most, so the estimate
+follows acceptance that changes within a run.
+
+Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
+While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
+updates the estimate); a probe that accepts no judged draft doubles the gap (up to PROBE_GAP_MAX),
+any other drafted round resets it. A round that accepts all its drafts counts as a hit one depth
+further too, so the estimate can climb to a k it has not tried. With perfect drafts (every rate 1) a round that
+still cannot beat a step is never tried: where speculation cannot pay at all (the tiny model on a
+GPU), the run is plain greedy decoding with the chooser's arithmetic on the host.
+
+Bits. The chooser only decides which verify runs and how many rows; every token is still the main
+model's argmax, so the stream is the greedy stream (the policies' construction guarantee).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import predict
+from .errors import SpecArgumentError
+from .pairing import Pairing
+from .policy import Policy
+from .units import UnitCosts
+
+WEIGHT = 0.3            # an observation's weight in the per-depth moving average
+PRIOR = 0.5             # the rate assumed for a depth before any round reached it
+PROBE_GAP = 4           # plain steps before the first probe round
+PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
+
+
+@dataclass
+class Choice:
+    """One decision: the k taken, why, and the predicted ms per token of each k (0: a plain step)."""
+    k: int
+    reason: str                 # "best" | "probe" | "cannot pay"
+    predicted: dict             # k -> predicted ms per token
+    alphas: tuple               # the estimate it was made with
+
+
+class KChooser:
+    def __init__(self, units: UnitCosts, policy, pairing, k_max: int, *, weight: float = WEIGHT,
+                 prior: float = PRIOR, probe_gap: int = PROBE_GAP, probe_gap_max: int = PROBE_GAP_MAX):
+        if not isinstance(units, UnitCosts):
+            raise SpecArgumentError(f"k='auto' prices rounds with UnitCosts (measure_unit_costs), got "
+                                    f"{type(units).__name__}")
+        self.units, self.policy, self.pairing = units, Policy.parse(policy), Pairing.parse(pairing)
+        missing = [k for k in range(1, k_max + 1) if k not in units.covered_ks(range(1, k_max + 1))]
+        if missing:
+            raise SpecArgumentError(f"k='auto' with k_max={k_max} needs unit costs measured up to k={k_max}; "
+                                    f"these lack k = {missing}")
+        self.k_max, self.weight, self.probe_gap0, self.probe_gap_max = k_max, weight, probe_gap, probe_gap_max
+        # a round that judges no draft (the trained pairing's k = 1: only the free d_1) is a step
+        # taken through the verify: never cheaper than a plain one, so never a choice
+        self.ks = [k for k in range(1, k_max + 1) if self.pairing.judged_depths(k) >= 1]
+        if not self.ks:
+            raise SpecArgumentError(f"k='auto' with k_max={k_max}: no k judges a draft under the "
+                                    f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
+        self.alphas = [prior] * self.pairing.judged_depths(k_max)
+        self.step_ms = units.greedy_ms_per_token
+        best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
+        self.can_pay = best_case < self.step_ms     # with every draft accepted, some k beats a step
+        self.gap, self.plain_run = probe_gap, 0
+        self.trace: list = []                        # one Choice a round
+
+    def _ms(self, k: int, alphas) -> float:
+        prof = tuple(alphas[:self.pairing.judged_depths(k)])
+        return predict(self.units, self.policy, self.pairing, k, profile=prof).ms_per_token
+
+    def predicted(self) -> dict:
+        """k -> predicted ms per token under the current estimate (0: a plain step)."""
+        return {0: self.step_ms, **{k: self._ms(k, self.alphas) for k in self.ks}}
+
+    def choose(self, left: int) -> int:
+        """The next round's k (at most `left`, the tokens still to emit)."""
+        pred = self.predicted()
+        ks = [k for k in self.ks if k <= left]
+        if not self.can_pay or not ks:
+            k, why = 0, "cannot pay" if not self.can_pay else "best"
+        else:
+            k = min([0] + ks, key=lambda j: pred[j])
+            why = "best"
+            if k == 0 and self.plain_run >= self.gap:
+                k, why = min(ks, key=lambda j: pred[j]), "probe"
+        self.trace.append(Choice(k, why, pred, tuple(self.alphas)))
+        return k
+
+    def observe(self, k: int, n_ok: int):
+        """A drafted round of k that accepted n_ok: update each depth it judged. A round that
+        accepted every draft also counts as a hit one depth further (acceptance at one depth goes
+        with acceptance at the next), so the estimate can climb to a k it has not tried yet."""
+        choice = self.trace[-1] if self.trace else None
+        first, judged = self.pairing.min_nok, self.pairing.judged_depths(k)
+        hits = 0
+        for j in range(judged):
+            if first + j > n_ok:            # not reached: an earlier draft missed
+                break
+            hit = 1.0 if first + j < n_ok else 0.0
+            hits += int(hit)
+            self.alphas[j] += self.weight * (hit - self.alphas[j])
+        if n_ok == k and judged < len(self.alphas):
+            self.alphas[judged] += self.weight * (1.0 - self.alphas[judged])
+        if choice is not None and choice.reason == "probe" and not hits:
+            self.gap = min(2 * self.gap, self.probe_gap_max)      # the probe found nothing: wait longer
+        else:
+            self.gap = self.probe_gap0
+        self.plain_run = 0
+
+    def observe_plain(self):
+        self.plain_run += 1

@@ -1,0 +1,135 @@
+"""k = "auto" (kestrel/speculative/adaptive.py): bit-exact under every flex policy and drafter, the
+MTP slot kept across plain steps (the round invariant is checked after every round), and the
+chooser's decisions on unit costs made to be launch-bound, bandwidth-bound, or in between, with
+acceptance that changes within a run."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import kestrel
+from kestrel import speculative as spec
+from kestrel.speculative.adaptive import PROBE_GAP, PROBE_GAP_MAX, KChooser
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return kestrel.load("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def units(tiny):
+    return spec.measure_unit_costs(tiny, k_max=4, reps=2)
+
+
+def _units(units, *, step, verify_per_row, draft, select=0.001):
+    """Made-up unit costs: a verify of M rows costs step + (M - 1) * verify_per_row."""
+    d = units.to_dict()
+    rows = {m: step + (m - 1) * verify_per_row for m in range(1, 9)}
+    d.update(step=step, step_m=dict(rows), ckpt=dict(rows), cached=dict(rows),
+             fold={n: 0.01 * step * n for n in range(0, 9)}, draft=draft, chain={n: n * draft for n in range(1, 9)},
+             chain_fill={m: draft * (1 + 0.1 * m) for m in range(1, 9)}, mtp={m: draft for m in range(1, 9)},
+             mark=0.01 * step, rollback=0.01 * step, select=select, truncate=0.0, argmax=0.01 * step,
+             bookkeeping=0.02 * step)
+    return spec.UnitCosts.from_dict(d)
+
+
+@pytest.mark.parametrize("policy", ["flex-replay", "checkpoint", "input-cache"])
+@pytest.mark.parametrize("drafter", ["mtp", "mtp-article"])
+def test_auto_is_bit_exact(tiny, units, policy, drafter, rng):
+    start = spec.default_starts(tiny)[int(rng.integers(0, 6))][1]
+    r = spec.run_spec(tiny, start, T=40, k="auto", policy=policy, drafter=drafter, unit_costs=units)
+    s = r.summary()
+    assert s.bit_exact, s.first_diff
+    assert sum(c for k, c in s.k_chosen.items()) == len(r.rounds) == len(r.choices)
+    assert s.plain_steps == s.k_chosen.get(0, 0) and s.rounds == len(r.rounds) - s.plain_steps
+    assert sum(len(x.emitted) for x in r.rounds) == 40
+    assert "k=auto" in "\n".join(r.log_lines())
+
+
+@pytest.mark.parametrize("policy", ["flex-replay", "checkpoint", "input-cache"])
+def test_auto_with_plain_steps_between_drafts_is_bit_exact(tiny, units, policy, rng):
+    """Costs where a round pays only when its drafts are good, drafts whose acceptance swings
+    (the replay oracle, a sequence of n_ok): plain steps and drafted rounds alternate, and the
+    MTP rows the plain steps leave are written by the next chain (the invariant holds throughout)."""
+    u = _units(units, step=1.0, verify_per_row=0.15, draft=0.2)
+    seq = [1] * 6 + [4] * 6 + [1] * 6 + [4] * 6
+    for pairing in ("trained", "article"):
+        sched = spec.Schedule(seq=[n if pairing == "trained" else n - 1 for n in seq], pairing=pairing)
+        start = spec.default_starts(tiny)[int(rng.integers(0, 6))][1]
+        r = spec.run_spec(tiny, start, T=48, k="auto", policy=policy, drafter="replay", schedule=sched, unit_costs=u)
+        s = r.summary()
+        assert s.bit_exact, (pairing, s.first_diff)
+        assert s.plain_steps > 0 and s.rounds > 0, (pairing, s.k_chosen)
+
+
+def test_launch_bound_costs_never_draft(units):
+    """A verify of k rows costing k steps and a draft costing a step (the tiny model on a GPU): no
+    k pays even with every draft accepted, so every round is a plain step and nothing is probed."""
+    u = _units(units, step=1.0, verify_per_row=1.0, draft=1.0)
+    c = KChooser(u, "checkpoint", "trained", 4)
+    assert not c.can_pay
+    for _ in range(200):
+        assert c.choose(100) == 0
+        c.observe_plain()
+    assert {x.reason for x in c.trace} == {"cannot pay"}
+
+
+def test_bandwidth_bound_costs_follow_the_acceptance(units):
+    """A verify of 4 rows costing 1.05 steps and a cheap draft (27B on an H200): good drafts take
+    the largest k; useless ones a plain step, probed at doubling gaps up to PROBE_GAP_MAX; good
+    drafts again take the chooser back to drafting at the next probe. The trace records it."""
+    u = _units(units, step=14.0, verify_per_row=0.25, draft=1.2)
+    c = KChooser(u, "checkpoint", "trained", 4)
+    assert c.can_pay
+    phases = [("good", 30), ("useless", 300), ("good", 120)]
+    taken = []
+    for name, rounds in phases:
+        for _ in range(rounds):
+            k = c.choose(100)
+            taken.append((name, k, c.trace[-1].reason))
+            if k == 0:
+                c.observe_plain()
+            else:
+                c.observe(k, k if name == "good" else 1)        # trained: n_ok = 1 is the free d_1 alone
+    good1 = [k for n, k, _ in taken[:30]]
+    assert good1[-10:] == [4] * 10
+    useless = taken[30:330]
+    plain = [k for _, k, _ in useless].count(0)
+    probes = [i for i, (_, _, why) in enumerate(useless) if why == "probe"]
+    assert plain > 280 and len(probes) >= 3
+    gaps = np.diff(probes)
+    assert all(b >= a for a, b in zip(gaps, gaps[1:])) and max(gaps) <= PROBE_GAP_MAX + 1
+    good2 = [k for n, k, _ in taken[330:]]
+    back = next(i for i, k in enumerate(good2) if k > 0)
+    assert back <= PROBE_GAP_MAX + 1 and good2[-5:] == [4] * 5
+
+
+def test_expected_advance_decides_between_k(units):
+    """With a per-depth acceptance that falls fast, a middle k beats both ends."""
+    u = _units(units, step=14.0, verify_per_row=1.5, draft=1.2)
+    c = KChooser(u, "checkpoint", "trained", 4)
+    c.alphas = [0.8, 0.2, 0.05]
+    pred = c.predicted()
+    best = min(pred, key=pred.get)
+    assert best == c.choose(100) and 0 < best < 4
+
+
+def test_auto_refusals(tiny, units):
+    p = spec.default_starts(tiny)[0][1]
+    with pytest.raises(spec.SpecArgumentError, match="strict"):
+        spec.run_spec(tiny, p, 8, k="auto", policy="replay", unit_costs=units)
+    with pytest.raises(spec.SpecArgumentError, match="fixed k"):
+        spec.run_spec(tiny, p, 8, k="auto", mistakes=spec.Mistakes(emit_self=True), unit_costs=units)
+    with pytest.raises(spec.SpecArgumentError, match="unit_costs"):
+        spec.run_spec(tiny, p, 8, k=3, unit_costs=units)
+    short = dataclasses.replace(units, ckpt={m: v for m, v in units.ckpt.items() if m < 3})
+    with pytest.raises(spec.SpecArgumentError, match="up to k=4"):
+        spec.run_spec(tiny, p, 8, k="auto", unit_costs=short)
+    with pytest.raises(spec.SpecArgumentError, match="judges a draft"):
+        KChooser(units, "checkpoint", "trained", 1)
+    with pytest.raises(spec.SpecArgumentError, match="UnitCosts"):
+        KChooser({"step": 1.0}, "checkpoint", "trained", 4)
+    with pytest.raises(spec.SpecArgumentError):
+        spec.run_spec(tiny, p, 8, k="fast", unit_costs=units)
+    assert PROBE_GAP < PROBE_GAP_MAX
