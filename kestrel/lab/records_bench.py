@@ -211,3 +211,47 @@ def read_comparison_file(f: Field, path: str) -> Comparison:
     presets = {name: {q: (v["before"].num(), v["after"].num()) for q, v in rows.entries()}
                for name, rows in f["presets"].entries()}
     return Comparison(read_provenance(f, "date_after"), path, f["date_before"].str(), labels, presets)
+
+
+# ---- scripts/bench_adaptive.py -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class AdaptiveRun:
+    """One mode of one case: greedy, a fixed k, or k = "auto" (with the k it took each round)."""
+    mode: str                         # "greedy" | "k=2" ... | "auto"
+    ms_per_token: float               # median over the repeats
+    speedup: float                    # greedy's median / this one's
+    bit_exact: bool
+    k_per_round: tuple = ()           # auto: the k of each round, 0 a plain step (the median repeat's)
+
+
+@dataclass(frozen=True)
+class AdaptiveCase:
+    name: str
+    model: str
+    what: str                         # what drives acceptance: the schedule or the drafter
+    T: int
+    runs: tuple
+
+    def run(self, mode: str) -> AdaptiveRun:
+        return next(r for r in self.runs if r.mode == mode)
+
+    def best_fixed(self) -> AdaptiveRun:
+        return min((r for r in self.runs if r.mode.startswith("k=")), key=lambda r: r.ms_per_token)
+
+
+@dataclass(frozen=True)
+class AdaptiveFile:
+    provenance: Provenance
+    path: str
+    repeats: int
+    cases: tuple
+
+
+def read_adaptive_file(f: Field, path: str) -> AdaptiveFile:
+    cases = []
+    for c in f["cases"].items():
+        runs = tuple(AdaptiveRun(r["mode"].str(), r["ms_per_token"].num(), r["speedup"].num(), r["bit_exact"].bool(),
+                                 tuple(x.int(0) for x in r["k_per_round"].items()) if r.has("k_per_round") else ())
+                     for r in c["runs"].items())
+        cases.append(AdaptiveCase(c["name"].str(), c["model"].str(), c["what"].str(), c["T"].int(1), runs))
+    return AdaptiveFile(read_provenance(f), path, f["repeats"].int(1), tuple(cases))

@@ -256,7 +256,7 @@ class ReplayDrafter(Drafter):
         ref, e = self.reference, ctx.emitted
         if e + k > len(ref):
             raise SpecArgumentError(f"replay drafter: reference has {len(ref)} tokens, round needs {e + k}")
-        n = self.schedule.next(k)
+        n = self.schedule.next(k, at=e)
         forced = [int(t) for t in ref[e:e + k]]
         if n < k:
             forced[n] = (forced[n] + 1) % self.model.cfg.vocab_size      # corrupt draft n+1

@@ -200,13 +200,18 @@ class Schedule:
     cycled), profile (one seeded draw per round). Checked when built (types, the pairing's
     minimum) and again against the run's k by `bind(k)`, which also expands a histogram (one
     round with n_ok == k moved last, see hist_to_sequence). `requested` records each round's
-    value; a shrunk tail round of k_r < k drafts gets min(n, k_r).
+    value; a shrunk tail round of k_r < k drafts gets min(n, k_r). by="token" (with seq): seq[i]
+    is the n_ok of a round that starts at emitted token i, so acceptance changes at a token of
+    the run whatever k the rounds before took (k = "auto" studies).
     """
 
     def __init__(self, seq=None, hist=None, profile=None, pairing=Pairing.ARTICLE, seed: int = 0,
-                 order: str = "shuffle"):
+                 order: str = "shuffle", by: str = "round"):
         if sum(x is not None for x in (seq, hist, profile)) != 1:
             raise ScheduleError("a schedule needs exactly one of seq=, hist=, profile=")
+        if by not in ("round", "token") or (by == "token" and seq is None):
+            raise ScheduleError(f"by must be 'round', or 'token' with seq=; got by={by!r:.40}")
+        self.by = by
         if not is_int(seed) or seed < 0:
             raise ScheduleError(f"the schedule's seed must be an int >= 0, got {seed!r:.40}")
         if order not in ("shuffle", "sorted", "given"):
@@ -247,11 +252,12 @@ class Schedule:
         self.rng = np.random.default_rng(self.seed)
         self.requested = []
 
-    def next(self, k_round: int) -> int:
+    def next(self, k_round: int, at: int = 0) -> int:
+        """The n_ok of the next round, of k_round drafts, starting at emitted token `at`."""
         if self.k is None or k_round > self.k:
             self.bind_check(k_round)
         if self.seq is not None:
-            n = self.seq[self.i % len(self.seq)]
+            n = self.seq[(at if self.by == "token" else self.i) % len(self.seq)]
         else:
             n = sample_nok(self.profile, k_round, self.pairing, self.rng)
         self.i += 1
@@ -264,4 +270,4 @@ class Schedule:
             return f"profile({', '.join(f'{a:.3f}' for a in self.profile)}; pairing={pr}, seed={self.seed})"
         if self.hist is not None:
             return f"hist({' '.join(f'{n}:{c}' for n, c in self.hist.items())}; pairing={pr})"
-        return f"seq(len={len(self.seq)}; pairing={pr})"
+        return f"seq(len={len(self.seq)}{'; by token' if self.by == 'token' else ''}; pairing={pr})"
