@@ -1,8 +1,9 @@
 """k = "auto" (kestrel/speculative/adaptive.py): bit-exact under every flex policy and drafter, the
 MTP slot kept across plain steps (the round invariant is checked after every round), and the
 chooser's decisions on unit costs made to be launch-bound, bandwidth-bound, or in between, with
-acceptance that changes within a run."""
+acceptance that changes within a run. KESTREL_TEST_DEVICE=cuda runs the model's tests on a GPU."""
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from kestrel.speculative.adaptive import PROBE_GAP, PROBE_GAP_MAX, KChooser
 
 @pytest.fixture(scope="module")
 def tiny():
-    return kestrel.load("tiny", device="cpu")
+    return kestrel.load("tiny", device=os.environ.get("KESTREL_TEST_DEVICE", "cpu"))
 
 
 @pytest.fixture(scope="module")
