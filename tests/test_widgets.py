@@ -232,19 +232,6 @@ def test_spec_replay_runs_round_by_round(tiny):
     assert "changed" not in app.status.value
 
 
-def test_widget_display_without_and_with_a_front_end(tiny, monkeypatch):
-    """Executed where no widget front-end is connected (nbclient), a widget saves its text form
-    alone; once a front-end has opened ipywidgets' control channel, a widget view."""
-    import ipywidgets
-    from kestrel.lab.widgets.spec_replay import TEXT_FORM
-    w = widgets.spec_replay(tiny, device="cpu", T=4)
-    monkeypatch.setattr(ipywidgets.Widget, "_control_comm", None)
-    assert w._repr_mimebundle_() == {"text/plain": TEXT_FORM}
-    monkeypatch.setattr(ipywidgets.Widget, "_control_comm", object())
-    b = w._repr_mimebundle_()
-    assert b["application/vnd.jupyter.widget-view+json"]["model_id"] == w.model_id and b["text/plain"] == TEXT_FORM
-
-
 def test_spec_replay_menu_and_plurals(tiny):
     """A given model is one entry of the menu (not also its preset's name); 1 round, not 1 rounds."""
     w = widgets.spec_replay(tiny, device="cpu", T=4, k=4, min_interval=10.0)

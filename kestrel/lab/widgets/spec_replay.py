@@ -97,8 +97,8 @@ class SpecReplay:
         c["model"].observe(lambda ch: self._model_changed(), names="value")
         self._show_replay()
         self.note = W.HTML("<br>".join(f"<small>{n}</small>" for n in notes))
-        # three lines always reserved: a longer status never moves the figures under it
-        self.status = W.HTML(layout=W.Layout(width="100%", min_height="4.2em"))
+        # four lines always reserved (numbers, controls, "changed"): the figures under it stay put
+        self.status = W.HTML(layout=W.Layout(width="100%", min_height="6.5em"))
         self.log = W.HTML(layout=W.Layout(width="100%"))
         self.shown = None            # the controls of the run on screen (None before the first)
         self.head = ""               # its status line
@@ -260,7 +260,7 @@ class SpecReplay:
         rounds = plural(s.rounds, "round")
         self.views["hist"].update(hist_figure(s, k=k, names=["measured"], requested=req or None,
                                               title=f"n_ok histogram ({rounds})", height=340))
-        self.views["phase"].update(phase_figure([self.result if final else s], names=["spec"],
+        self.views["phase"].update(phase_figure([self.result if final else s], names=["spec"], legend_above=True,
                                                 title="ms per token, by phase", height=340))
         self.views["rounds"].update(round_figure(recs, greedy_ms_per_token=g, title="each round: ms by phase",
                                                  height=340))

@@ -27,11 +27,11 @@ class FigView:
         return self.fig
 
     def note(self, text: str):
-        """One line of text in place of the figure (what to do to get one)."""
+        """One line of text in place of the figure (what to do to get one); none for ''."""
         self.fig = None
         self.widget.outputs = ({"output_type": "display_data", "metadata": {},
                                 "data": {"text/html": f"<p style='margin:8px 0;color:#555'>{text}</p>",
-                                         "text/plain": text}},)
+                                         "text/plain": text}},) if text else ()
 
     def update(self, fig, count: bool = True):
         # The bundle is set as the Output's outputs, not printed into it under `with output:`:
@@ -103,24 +103,13 @@ _VBOX_CLASSES: dict = {}
 def _labelled_vbox(text: str):
     """A VBox whose text form (shown where widgets cannot be drawn: a notebook opened without a
     kernel and without saved widget state, a terminal) says what it is, instead of
-    `VBox(children=(...`, and which is displayed as that text alone where no widget front-end
-    is connected."""
+    `VBox(children=(...`."""
     if text not in _VBOX_CLASSES:
         import ipywidgets as W
 
         class VBox(W.VBox):          # an ipywidgets VBox in every other respect
             def __repr__(self):
                 return text
-
-            def _repr_mimebundle_(self, **kwargs):
-                # A widget view is emitted only once a front-end that draws widgets has opened
-                # ipywidgets' control channel to this kernel (JupyterLab and Notebook do when
-                # they connect). A notebook executed without one (nbclient, the book's build)
-                # then saves this text instead of a view of a model that dies with the kernel,
-                # which a trusted reopening shows as "Error displaying widget: model not found".
-                if W.Widget._control_comm is None:
-                    return {"text/plain": text}
-                return super()._repr_mimebundle_(**kwargs)
 
         _VBOX_CLASSES[text] = VBox
     return _VBOX_CLASSES[text]
