@@ -5,7 +5,8 @@
 #   scripts/build_book.sh              build from the outputs committed in book/*.ipynb
 #   scripts/build_book.sh --execute    first re-execute every notebook in book/ in place on
 #                                      this machine (GPU if present, else CPU), stamping each
-#                                      (scripts/execute_notebooks.py), then build
+#                                      (scripts/execute_notebooks.py; the widget cells keep
+#                                      their text form), then build
 #   scripts/build_book.sh --all ...    other arguments go to `jupyter-book build`
 #                                      (--all: rebuild every page, not just changed ones)
 #
@@ -27,12 +28,13 @@ done
 
 if [[ $execute == 1 ]]; then
   "$PY" scripts/execute_notebooks.py
+  # the live widgets' outputs keep their text form only (what a reader opening the notebook
+  # without running it should see, trusted or not): their models died with the executing kernel
+  "$PY" scripts/browser_widgets.py --drop-widget-views book/*.ipynb
 fi
 
-if command -v jupyter-book >/dev/null 2>&1; then
-  jb=(jupyter-book)
-else
-  jb=("$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; main()')
-fi
+# always through $PY (not the first jupyter-book on PATH): the interpreter that has the book's
+# packages, the one running the tests when they build the book
+jb=("$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; main()')
 "${jb[@]}" build . -W --keep-going "${args[@]+"${args[@]}"}"
 echo "book: $(pwd)/_build/html/index.html"
