@@ -91,7 +91,10 @@ class Browser:
         # chromium reads commands on fd 3 and writes replies on fd 4: a shell puts the pipe
         # ends there (no preexec_fn: not safe with threads)
         shell = f'exec "$@" 3<&{to_r} 4>&{from_w} {to_r}<&- {from_w}>&-'
-        self.proc = subprocess.Popen(["bash", "-c", shell, "chromium", *args],
+        # its home and caches inside its profile folder, so that it writes nothing outside it
+        env = {**os.environ, "HOME": self.profile, "XDG_CACHE_HOME": os.path.join(self.profile, ".cache"),
+               "XDG_CONFIG_HOME": os.path.join(self.profile, ".config")}
+        self.proc = subprocess.Popen(["bash", "-c", shell, "chromium", *args], env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, pass_fds=(to_r, from_w))
         os.close(to_r)
