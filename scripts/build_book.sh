@@ -5,8 +5,9 @@
 #   scripts/build_book.sh              build from the outputs committed in book/*.ipynb
 #   scripts/build_book.sh --execute    first re-execute every notebook in book/ on this machine
 #                                      (GPU if present, else CPU), stamping each
-#                                      (scripts/execute_notebooks.py), into _build/executed/book/
-#                                      (book/*.ipynb untouched), then build from there
+#                                      (scripts/execute_notebooks.py; the widget cells keep their
+#                                      text form), into _build/executed/book/ (book/*.ipynb
+#                                      untouched), then build from there
 #   scripts/build_book.sh --execute --in-place
 #                                      the same, but overwrite book/*.ipynb with the new outputs
 #   scripts/build_book.sh --all ...    other arguments go to `jupyter-book build`
@@ -49,11 +50,14 @@ elif [[ $execute == 1 ]]; then
 else
   echo "book: building from the outputs committed in book/*.ipynb (nothing is executed)"
 fi
-
-if command -v jupyter-book >/dev/null 2>&1; then
-  jb=(jupyter-book)
-else
-  jb=("$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; main()')
+if [[ $execute == 1 ]]; then
+  # the live widgets' outputs keep their text form only (what a reader opening the notebook
+  # without running it should see, trusted or not): their models died with the executing kernel
+  "$PY" scripts/browser_widgets.py --drop-widget-views "$src"/book/*.ipynb
 fi
+
+# always through $PY (not the first jupyter-book on PATH): the interpreter that has the book's
+# packages, the one running the tests when they build the book
+jb=("$PY" -c 'import sys; from jupyter_book.cli.main import main; sys.argv[0] = "jupyter-book"; main()')
 "${jb[@]}" build "$src" --path-output . -W --keep-going "${args[@]+"${args[@]}"}"
 echo "book: $(pwd)/_build/html/index.html"

@@ -2,12 +2,13 @@
 # Set up this machine for the book and the tests; idempotent, and quick when already done
 # (each step first checks whether it is needed). scripts/book.sh and scripts/test.sh run it.
 #
-#   1. where apt-get works as root: Chromium (the browser test of the built book), MathJax 2.7
+#   1. where apt-get works as root: Chromium (the browser tests: the built book, and the live
+#      widgets in JupyterLab), MathJax 2.7
 #      (served locally: the built book never touches a CDN) and Noto CJK fonts (the article's
 #      Chinese title and quotes); without root the browser test skips, and CJK text shows only
 #      if the system has a CJK font;
 #   2. the Python packages of requirements.txt (CPU torch and transformers are the independent
-#      references of the tests; Jupyter Book builds the book);
+#      references of the tests; Jupyter Book builds the book; JupyterLab hosts the widget test);
 #   3. kestrel itself, editable (pip install -e .);
 #   4. with an NVIDIA GPU (nvidia-smi answers): CuPy for the CUDA version the driver reports
 #      (the extra gpu-cuda12 or gpu-cuda13 of pyproject.toml). Without one, kestrel runs on NumPy.

@@ -197,7 +197,10 @@ def test_spec_replay_runs_round_by_round(tiny):
     app = w.app
     assert w is app.widget and type(w).__name__ == "VBox"
     seen = []
-    assert type(app.views["hist"].widget).__name__ in ("FigureWidget", "Output")
+    assert type(app.views["hist"].widget).__name__ == "Output"
+    # before the first run: one line saying to press Run, no empty figures
+    assert all(v.figure is None for v in app.views.values()) and "Press <b>Run</b>" in app.status.value
+    assert "Press <b>Run</b>" in app.views["hist"].widget.outputs[0]["data"]["text/html"]
     app.button.click()                                         # what pressing Run does
     r = app.result
     assert app.error is None and r is not None and r.bit_exact
@@ -212,6 +215,34 @@ def test_spec_replay_runs_round_by_round(tiny):
     assert "tail" in [t.name for t in phase.data]
     assert "bit-exact: <b>True</b>" in app.status.value and "×" in app.status.value
     assert "[spec] rounds=" in app.log.value and "measured on" in app.log.value
+    # the status names the run on screen and its numbers are the figures' numbers
+    s = r.summary()
+    assert f"{s.rounds} rounds, {s.T} tokens" in app.status.value and "k = 3" in app.status.value
+    total = next(t for t in phase.data if t.name == "total")
+    assert f"{total.text[0]}/token" in app.status.value
+    assert f"({s.rounds} rounds)" in hist.layout.title.text
+    # the figure is the Output's own state: what a reloaded page draws
+    shown = app.views["hist"].widget.outputs[0]["data"][plots.PLOTLY_MIME]["data"][0]["y"]
+    assert list(shown) == list(hist.data[0].y)
+    # a control moved after the run: the status says so and still shows the run's numbers
+    app.controls["T"].value = T + 1
+    assert "changed — press Run" in app.status.value and f"T = {T + 1}" in app.status.value
+    assert f"{s.rounds} rounds" in app.status.value
+    app.controls["T"].value = T
+    assert "changed" not in app.status.value
+
+
+def test_spec_replay_menu_and_plurals(tiny):
+    """A given model is one entry of the menu (not also its preset's name); 1 round, not 1 rounds."""
+    w = widgets.spec_replay(tiny, device="cpu", T=4, k=4, min_interval=10.0)
+    opts = list(w.app.controls["model"].options)
+    assert opts[0] == "tiny (given)" and "tiny" not in opts and len(opts) == len(set(opts))
+    r = w.app.run()
+    assert w.app.error is None
+    if len(r.rounds) == 1:
+        assert "1 round," in w.app.status.value
+    from kestrel.lab.widgets.spec_replay import plural
+    assert [plural(n, "round") for n in (0, 1, 2)] == ["0 rounds", "1 round", "2 rounds"]
 
 
 def test_spec_replay_controls(tiny):
@@ -266,7 +297,7 @@ def test_cost_explorer(units, runs):
     c["policy"].value = "checkpoint"
     assert app.views["surface"].updates == n0 + 3
     fig = app.views["surface"].figure
-    assert fig.layout.title.text == "Predicted speedup: policy checkpoint, pairing article"
+    assert fig.layout.title.text == "Predicted speedup<br><sup>policy checkpoint, pairing article</sup>"
     prof = app.profile()
     assert prof[0] == 0.95
     pred = spec.predict(units, "checkpoint", "article", 2, profile=prof)
@@ -280,20 +311,19 @@ def test_cost_explorer(units, runs):
     assert app.units().step == pytest.approx(round(units.step, 6))
     phase = app.views["phase"].figure
     assert [t.name for t in phase.data if t.type == "bar"] == list(spec.PHASES)
-    assert list(phase.data[0].x) == list(spec.POLICIES)
+    assert [x.replace("<br>", "") for x in phase.data[0].x] == list(spec.POLICIES)
+    assert "k = 2" in phase.layout.title.text
 
 
-def test_cost_explorer_defaults_and_fallback_view(monkeypatch, capsys):
-    """unit_costs=None measures them on the tiny model; without a FigureWidget the figures are
-    redrawn into Output widgets through kestrel.lab.plots.show."""
-    monkeypatch.setattr(widgets.view.FigView, "force_output", True)
+def test_cost_explorer_defaults(capsys):
+    """unit_costs=None measures them on the tiny model; the figures are Output widgets."""
     w = widgets.cost_explorer(device="cpu", profile=[0.8, 0.5])
     app = w.app
     assert type(app.views["surface"].widget).__name__ == "Output"
     assert app.profile() == (0.8, 0.5, 0.5, 0.5)
     assert "measured now on tiny" in app.note.value
     app.controls["pairing"].value = "trained"
-    assert app.views["surface"].figure.layout.title.text.endswith("pairing trained")
+    assert app.views["surface"].figure.layout.title.text.endswith("pairing trained</sup>")
     capsys.readouterr()
 
 

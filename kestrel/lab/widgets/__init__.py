@@ -29,13 +29,13 @@ RunSummary.from_dict) or a spec.Prediction (see runs.py).
   frames.py         figures with frames (a recorded run replayed round by round)
   repeats.py        repeated runs: median and range of every small-model timing
   cache.py          models and engines kept between widget runs
-  view.py           a live figure (FigureWidget or Output) and HTML helpers
+  view.py           a live figure (an Output) and HTML helpers
   spec_replay.py, cost_explorer.py   the two widgets
 
 Nothing here imports ipywidgets or plotly at import time (``import kestrel`` never does either):
-the figure functions import plotly, the two widgets ipywidgets, when called. The widgets use a
-plotly ``FigureWidget`` when it can be built (plotly >= 6 needs ``anywidget``); otherwise each
-figure is redrawn into an ``ipywidgets.Output`` through ``kestrel.lab.plots.show``.
+the figure functions import plotly, the two widgets ipywidgets, when called. Each live figure is
+the display bundle of an ``ipywidgets.Output`` (kestrel.lab.plots.bundle), held in the kernel's
+widget state, so a reloaded page or a second tab draws it as it is now.
 """
 from __future__ import annotations
 

@@ -112,8 +112,11 @@ class CostExplorer:
 
     def _surface(self):
         c = self.controls
+        # two short title lines: one long line was cut at the figure's edge in a narrow column
         return cost_surface_figure(self.units(), c["policy"].value, c["pairing"].value, self.measured,
-                                   ks=self.ks, profile=self.profile(), k=c["k"].value, height=440)
+                                   ks=self.ks, profile=self.profile(), k=c["k"].value, height=460,
+                                   title=f"Predicted speedup<br><sup>policy {c['policy'].value}, "
+                                         f"pairing {c['pairing'].value}</sup>")
 
     def _predictions(self):
         c = self.controls
@@ -127,8 +130,13 @@ class CostExplorer:
 
     def _phases(self):
         c = self.controls
-        return phase_figure(self._predictions(), names=[p.name for p in self._priced()], height=440,
-                            title=f"Predicted ms/token by phase (k={c['k'].value}, pairing {c['pairing'].value})")
+        # names broken at their hyphen: side by side they stay level instead of turning upright
+        fig = phase_figure(self._predictions(), names=[p.name.replace("-", "-<br>") for p in self._priced()],
+                           height=460, legend_above=True,
+                           title=f"Predicted ms/token by phase<br><sup>k = {c['k'].value}, "
+                                 f"pairing {c['pairing'].value}</sup>")
+        fig.update_xaxes(tickangle=0)
+        return fig
 
     def update(self):
         if self._busy:

@@ -104,7 +104,9 @@ def cost_surface_figure(unit_costs, policy="replay", pairing="article", measured
                         hovertemplate="k=%{x}: profile ≡ α %{y:.2f}, predicted %{text}<extra></extra>")
     pts = measured_points(measured, policy, pairing)
     fig.add_scatter(x=[p["k"] for p in pts], y=[p["alpha"] for p in pts], mode="markers+text", name="measured",
-                    text=[f"{p['speedup']:.2f}×" for p in pts], textposition="middle right",
+                    text=[f"{p['speedup']:.2f}×" for p in pts], cliponaxis=False,
+                    # left of the marker in the last column, where the right side is the figure's edge
+                    textposition=["middle left" if p["k"] == ks[-1] else "middle right" for p in pts],
                     # the marker's own colour scale (the surface's, same range): a marker coloured
                     # through the shared coloraxis was drawn black in the legend and on hover
                     marker=dict(size=15, color=[p["speedup"] for p in pts], colorscale=_speedup_scale(cmax),

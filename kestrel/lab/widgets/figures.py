@@ -62,26 +62,37 @@ def hist_figure(runs, *, k: int | None = None, names=None, normalize: bool = Fal
     return fig
 
 
-def phase_figure(runs, *, names=None, title: str | None = None, height: int = 420, totals: bool = True):
+def phase_figure(runs, *, names=None, title: str | None = None, height: int = 420, totals: bool = True,
+                 legend_above: bool = False):
     """Stacked bars of ms per emitted token by phase (spec.PHASES, plus the strict tail), one
     bar per run, with each run's greedy ms/token (timed in the same run, or predicted) as a
     reference mark, and each run's ms/token over its bar. `runs`: SpecResults, RunSummaries
-    (SpecResult.summary(), spec.aggregate(), results rows) or spec.Predictions."""
+    (SpecResult.summary(), spec.aggregate(), results rows) or spec.Predictions. legend_above:
+    the phases in a row above the plot (read in the same order as round_figure's), not beside
+    it, where a narrow figure needs its width."""
     rs = as_runs(runs, names)
     labels = [v.label for v in rs]
+    legend = dict(orientation="h", yanchor="bottom", y=1.0, x=0) if legend_above else {}
     fig = layout_fig(title, height, barmode="stack", yaxis=dict(title="ms per token", rangemode="tozero"),
-                     legend=dict(traceorder="normal"), hovermode="x")
+                     legend=dict(traceorder="normal", **legend), hovermode="x")
     phases = list(spec.PHASES) + (["tail"] if any("tail" in v.phase for v in rs) else [])
     for ph in phases:
         ys = [v.phase.get(ph, 0.0) for v in rs]
         doc = spec.PHASE_DOC.get(ph, TAIL_DOC)
         fig.add_bar(x=labels, y=ys, name=ph, marker_color=PHASE_COLORS[ph], hovertext=[doc] * len(ys),
                     hovertemplate="%{y:.4g} ms/token<br>%{hovertext}<extra>" + ph + "</extra>")
-    if totals:   # the run's own total: over repeats, the median of the totals (not the sum of the phase medians)
-        tot = [float(v.run.ms_per_token) for v in rs]
-        fig.add_scatter(x=labels, y=tot, mode="text", text=[ms_label(t) for t in tot], textposition="top center",
-                        showlegend=False, hoverinfo="skip", name="total")
+    tot = [float(v.run.ms_per_token) for v in rs]
     g = [v.run.greedy_ms_per_token for v in rs]
+    # room above the higher of bar and greedy mark for the total's label
+    top = max([t for t in tot] + [x for x in g if x is not None] + [0.0])
+    if top > 0:
+        fig.update_yaxes(range=[0, top * 1.22])
+    if totals:   # the run's own total: over repeats, the median of the totals (not the sum of the phase medians)
+        # written above the greedy mark where that is higher, so the mark never crosses the label
+        ys = [max(t, x or 0.0) for t, x in zip(tot, g)]
+        fig.add_scatter(x=labels, y=ys, mode="text", text=[ms_label(t) for t in tot], textposition="top center",
+                        showlegend=False, hoverinfo="skip", name="total", cliponaxis=False,
+                        customdata=tot)
     if any(x is not None for x in g):
         fig.add_scatter(x=labels, y=g, mode="markers", name="greedy ms/token",
                         marker=dict(symbol="line-ew-open", size=56, color="black", line=dict(width=3, color="black")),
@@ -172,7 +183,7 @@ def round_figure(result, *, greedy_ms_per_token: float | None = None, title: str
     xs = [r.i for r in rounds]
     fig = layout_fig(title, height, barmode="stack", bargap=0.1, xaxis=dict(title="round"),
                      yaxis=dict(title="ms", rangemode="tozero"), hovermode="x",
-                     legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+                     legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, traceorder="normal"))
     for ph in spec.PHASES:
         fig.add_bar(x=xs, y=[compact(r.ms.get(ph, 0.0)) for r in rounds], name=ph, marker_color=PHASE_COLORS[ph])
     if greedy_ms_per_token is not None:

@@ -8,6 +8,7 @@ from kestrel.speculative.records import phase_totals
 from . import cache
 from .figures import hist_figure, phase_figure, round_figure
 from .runs import hist_item
+from ..plots import ms_label
 from .view import AppBox, FigView, esc, side_by_side
 import kestrel
 from ..plots import stamp
@@ -55,7 +56,8 @@ class SpecReplay:
         notes = []
         if model is not None and not isinstance(model, str):
             self.given = model
-            names = [f"{model.cfg.name} (given)"] + names
+            # one entry per model: the given one stands in for the preset of its name
+            names = [f"{model.cfg.name} (given)"] + [n for n in names if n != model.cfg.name]
             initial = names[0]
         else:
             initial = model or "tiny"
@@ -97,17 +99,21 @@ class SpecReplay:
         c["model"].observe(lambda ch: self._model_changed(), names="value")
         self._show_replay()
         self.note = W.HTML("<br>".join(f"<small>{n}</small>" for n in notes))
-        self.status = W.HTML("Press <b>Run</b>.")
-        self.log = W.HTML()
-        empty = self._summary([], k, policy, drafter, None)
-        self.views = {"hist": FigView(hist_figure(empty, k=k, names=["measured"], title="n_ok histogram", height=320)),
-                      "phase": FigView(phase_figure([empty], names=["spec"], title="ms per token, by phase",
-                                                    height=320)),
-                      "rounds": FigView(round_figure([], title="each round: ms by phase", height=320))}
+        # four lines always reserved (numbers, controls, "changed"): the figures under it stay put
+        self.status = W.HTML(layout=W.Layout(width="100%", min_height="6.5em"))
+        self.log = W.HTML(layout=W.Layout(width="100%"))
+        self.shown = None            # the controls of the run on screen (None before the first)
+        self.head = ""               # its status line
+        self.views = {"hist": FigView(note="Press <b>Run</b>: the run's n_ok histogram, ms per token by phase "
+                                           "and rounds appear here."),
+                      "phase": FigView(), "rounds": FigView()}
         self.warmup = warmup
+        for w in c.values():
+            w.observe(lambda ch: self._show_status(), names="value")
+        self._show_status()
         controls = W.VBox([W.HBox([c["model"], c["dtype"]]), W.HBox([c["k"], c["T"]]), c["start"],
-                           W.HBox([c["drafter"]]), self.replay_box, c["policy"],
-                           W.HBox([self.button, self.status]), self.note])
+                           W.HBox([c["drafter"]]), self.replay_box, c["policy"], self.button, self.status,
+                           self.note])
         figs = W.VBox([side_by_side(self.views["hist"], self.views["phase"], (45, 55)), self.views["rounds"].widget,
                        self.log])
         self.widget = AppBox.build([controls, figs], self, TEXT_FORM)
@@ -139,6 +145,33 @@ class SpecReplay:
             self.controls["hist"].value = spec.format_hist(spec.histogram(self.result.noks, self.result.k),
                                                            labels=False)
 
+    def params(self) -> dict:
+        """What the controls ask for, as the status line names it."""
+        c = self.controls
+        p = {"model": c["model"].value, "weights": c["dtype"].value, "k": c["k"].value, "T": c["T"].value,
+             "start": c["start"].value, "drafter": c["drafter"].value, "policy": c["policy"].value}
+        if p["drafter"] == "replay":
+            p.update({"n_ok hist": c["hist"].value.strip(), "pairing": c["pairing"].value})
+        return p
+
+    @staticmethod
+    def _describe(p: dict) -> str:
+        return " · ".join(f"{esc(n)} {esc(v)}" if n in ("model", "start", "drafter", "policy", "pairing", "weights")
+                          else f"{esc(n)} = {esc(v)}" for n, v in p.items())
+
+    def _show_status(self):
+        """The status line: the run on screen (its controls and numbers) and, when a control
+        now differs from them, that Run has to be pressed to see it."""
+        if self.shown is None:
+            self.status.value = "Press <b>Run</b> to decode: " + self._describe(self.params()) + "."
+            return
+        changed = {n: v for n, v in self.params().items() if self.shown.get(n) != v}
+        warn = ""
+        if changed and not self.button.disabled:
+            warn = ("<br><span style='color:#b35900'><b>changed — press Run</b> ("
+                    + self._describe(changed) + ")</span>")
+        self.status.value = self.head + warn
+
     def _model(self):
         name = self.controls["model"].value
         if name.endswith("(given)"):
@@ -164,12 +197,13 @@ class SpecReplay:
         c = self.controls
         self.button.disabled = True
         self.error, self.records = None, []
+        self.shown, self.head = self.params(), ""
         try:
             k, T, policy, drafter = c["k"].value, c["T"].value, spec.Policy.parse(c["policy"].value), c["drafter"].value
             schedule = None
             if drafter == "replay":
                 schedule = spec.Schedule(hist=c["hist"].value, pairing=c["pairing"].value)
-            self.status.value = f"loading {esc(c['model'].value)} …"
+            self._progress(f"loading {esc(c['model'].value)} …")
             model = self._model()
             be = model.be
             starts = spec.default_starts(model)
@@ -182,11 +216,11 @@ class SpecReplay:
             warm = self.warmup if self.warmup is not None else be.name != "cpu"
             combo = (eng, geng, policy, drafter, None if schedule is None else schedule.pairing)
             if warm and combo not in cache.WARMED:       # compile + capture this combination's plans, untimed
-                self.status.value = "warm-up (untimed) …"
+                self._progress("warm-up (untimed) …")
                 spec.run_spec(model, prompt, min(T, 16), k, policy, drafter, schedule=schedule, engine=eng,
                               greedy_engine=geng)
                 cache.WARMED.add(combo)
-            self.status.value = f"greedy decoding of {T} tokens (the baseline) …"
+            self._progress(f"greedy decoding of {T} tokens (the baseline) …")
             ref, g_ms, _ = spec.greedy_timed(model, prompt, T, engine=geng)
             self.meta = {"k": k, "T": T, "policy": policy, "drafter": drafter, "g": g_ms / T, "model": model,
                          "label": label, "pairing": a.drafter.pairing}
@@ -199,10 +233,15 @@ class SpecReplay:
             return r
         except Exception as e:                     # shown, not raised: a widget callback has nowhere to raise to
             self.error = e
-            self.status.value = f"<span style='color:#b00'><b>{type(e).__name__}</b>: {esc(e)}</span>"
+            self.head = (f"<b>failed</b>: {self._describe(self.shown)}<br>"
+                         f"<span style='color:#b00'><b>{type(e).__name__}</b>: {esc(e)}</span>")
             return None
         finally:
             self.button.disabled = False
+            self._show_status()
+
+    def _progress(self, what: str):
+        self.status.value = f"<b>{what}</b><br>{self._describe(self.shown)}"
 
     def _on_round(self, rec):
         self.records.append(rec)
@@ -219,22 +258,30 @@ class SpecReplay:
         req = None
         if m["drafter"] == "replay":
             req = [min(r.requested, r.k) for r in recs if r.requested is not None]
+        rounds = plural(s.rounds, "round")
         self.views["hist"].update(hist_figure(s, k=k, names=["measured"], requested=req or None,
-                                              title=f"n_ok histogram ({s.rounds} rounds)", height=320))
-        self.views["phase"].update(phase_figure([self.result if final else s], names=["spec"],
-                                                title="ms per token, by phase", height=320))
+                                              title=f"n_ok histogram ({rounds})", height=340))
+        self.views["phase"].update(phase_figure([self.result if final else s], names=["spec"], legend_above=True,
+                                                title="ms per token, by phase", height=340))
         self.views["rounds"].update(round_figure(recs, greedy_ms_per_token=g, title="each round: ms by phase",
-                                                 height=320))
+                                                 height=340))
         sp = s.speedup
-        head = (f"{'done' if final else 'running'}: {s.rounds} rounds, {s.T} tokens, "
-                f"{s.ms_per_token:.3g} ms/token vs greedy {g:.3g} ms/token → "
+        head = (f"<b>{'done' if final else 'running'}</b>: {rounds}, {plural(s.T, 'token')}, "
+                f"{ms_label(s.ms_per_token)}/token vs greedy {ms_label(g)}/token → "
                 f"<b>{'n/a' if sp is None else f'{sp:.2f}×'}</b>")
         if final:
             r = self.result
             head += f"; bit-exact: <b>{r.bit_exact}</b>"
             if r.tail_tokens:
-                head += f"; tail: {r.tail_tokens} plain steps"
+                head += f"; tail: {plural(r.tail_tokens, 'plain step')}"
             line = stamp(device=m["model"], quiet=True)
-            self.log.value = ("<pre style='font-size:85%;line-height:1.25'>"
+            # pre-wrap: the log keeps its lines and wraps long ones at spaces, never inside a word
+            self.log.value = ("<pre style='font-size:85%;line-height:1.25;white-space:pre-wrap;"
+                              "word-break:normal;overflow-wrap:break-word'>"
                               + esc("\n".join([f"start {m['label']!r}"] + r.log_lines() + [line])) + "</pre>")
-        self.status.value = head
+        self.head = head + "<br>" + self._describe(self.shown)
+        self._show_status()
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

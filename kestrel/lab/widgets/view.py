@@ -1,64 +1,47 @@
 """Widget plumbing: a figure shown live, and small HTML helpers."""
 from __future__ import annotations
-from ..plots import PLOT_CONFIG, bundle
+from ..plots import bundle
 
 
 class FigView:
-    """A figure shown live: a plotly FigureWidget when one can be built (plotly >= 6 needs
-    anywidget), else an ipywidgets.Output redrawn through kestrel.lab.plots.show."""
+    """A figure shown live, as the display bundle of an ipywidgets.Output (kestrel.lab.plots.bundle).
 
-    force_output = False          # tests flip this to exercise the fallback
+    The bundle is the Output model's own state, kept by the kernel: a page reloaded, a second
+    tab or a notebook reopened while the kernel runs draws the figure as it is now. (A plotly
+    FigureWidget keeps its later changes in the page that made them, so a second rendering came
+    back in its first state.) Before there is a figure to show, the Output holds one line of
+    text (`note`)."""
 
-    def __init__(self, fig):
+    def __init__(self, fig=None, note: str = ""):
         import ipywidgets as W
-        self.fw = None
-        if not self.force_output:
-            try:
-                import plotly.graph_objects as go
-                self.fw = go.FigureWidget(fig)
-                self.fw._config = dict(PLOT_CONFIG)
-            except ImportError:
-                self.fw = None
-        if self.fw is not None:
-            self.widget = self.fw
-        else:
-            self.widget = W.Output()
-            self.fig = fig
-            self._draw()
+        self.widget = W.Output(layout=W.Layout(width="100%"))
+        self.fig = None
         self.updates = 0
+        if fig is not None:
+            self.update(fig, count=False)
+        else:
+            self.note(note)
 
     @property
     def figure(self):
-        return self.fw if self.fw is not None else self.fig
+        """The figure shown (None while a note is shown)."""
+        return self.fig
 
-    def _draw(self):
-        # The figure's display bundle is set as the Output's outputs, not printed into it under
-        # `with output:`: that capture protocol is what notebook runners intercept (nbclient,
-        # without saved widget state, fails on it), and this way needs no kernel at all.
-        self.widget.outputs = ({"output_type": "display_data", "data": bundle(self.fig, include_json=True),
+    def note(self, text: str):
+        """One line of text in place of the figure (what to do to get one); none for ''."""
+        self.fig = None
+        self.widget.outputs = ({"output_type": "display_data", "metadata": {},
+                                "data": {"text/html": f"<p style='margin:8px 0;color:#555'>{text}</p>",
+                                         "text/plain": text}},) if text else ()
+
+    def update(self, fig, count: bool = True):
+        # The bundle is set as the Output's outputs, not printed into it under `with output:`:
+        # that capture protocol is what notebook runners intercept (nbclient, without saved
+        # widget state, fails on it), and this way needs no kernel at all.
+        self.updates += count
+        self.fig = fig
+        self.widget.outputs = ({"output_type": "display_data", "data": bundle(fig, include_json=True),
                                 "metadata": {}},)
-
-    def update(self, fig):
-        self.updates += 1
-        if self.fw is None:
-            self.fig = fig
-            self._draw()
-            return
-        fw = self.fw
-        lay = fig.layout.to_plotly_json()
-        lay.pop("template", None)
-        with fw.batch_update():
-            same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
-            if same:
-                for a, b in zip(fw.data, fig.data):
-                    d = b.to_plotly_json()
-                    d.pop("type", None)
-                    d.pop("uid", None)
-                    a.update(d, overwrite=True)
-            else:
-                fw.data = []
-                fw.add_traces(list(fig.data))
-            fw.update_layout(lay)
 
 
 # A live plotly figure draws itself once, at the width its box has at that moment (plotly's 700 px
@@ -133,12 +116,14 @@ def _labelled_vbox(text: str):
 
 
 def side_by_side(a: FigView, b: FigView, widths=(50, 50)):
-    """Two figures in one row, each in a box of its share of the width. The boxes are blocks, not
-    flex rows: a figure in a flex row keeps the width it was first drawn at, in a block it takes
-    the box's width when it is resized (see fit_figures)."""
+    """Two figures in one row, each in a box of its share of the width, or one under the other
+    where the row is narrower than about 900 px (the boxes wrap). The boxes are blocks, not flex
+    rows: a figure in a flex row keeps the width it was first drawn at, in a block it takes the
+    box's width when it is resized (see fit_figures)."""
     import ipywidgets as W
-    return W.HBox([W.Box([v.widget], layout=W.Layout(width=f"{w}%", display="block", overflow="hidden"))
-                   for v, w in zip((a, b), widths)], layout=W.Layout(width="100%"))
+    return W.HBox([W.Box([v.widget], layout=W.Layout(flex=f"{w} 1 {9 * w}px", min_width="0", display="block",
+                                                     overflow="hidden"))
+                   for v, w in zip((a, b), widths)], layout=W.Layout(width="100%", flex_flow="row wrap"))
 
 
 def html_table(rows, head) -> str:
