@@ -63,10 +63,12 @@ def run_case(model, prompt, T, units, repeats, drafter, schedule=None, log=print
     ref, _, _ = spec.greedy_timed(model, prompt, T, engine=g_eng)
     greedy = [spec.greedy_timed(model, prompt, T, engine=g_eng)[1] / T for _ in range(repeats)]
     rows = [{"mode": "greedy", "ms_per_token": statistics.median(greedy), "bit_exact": True}]
-    eng = kestrel.Engine(model, max_seq=len(prompt) + T + 8 + max(KS), mmax=max(KS), batch="flex")
+    # one engine per k, reused by every run of it (its plans are lowered and captured once, in the
+    # warm-up run); auto shares k_max's
+    engines = {k: kestrel.Engine(model, max_seq=len(prompt) + T + 8 + k, mmax=k, batch="flex") for k in KS}
     for mode in [*[f"k={k}" for k in KS], "auto"]:
         kw = dict(k="auto", k_max=max(KS), unit_costs=units) if mode == "auto" else dict(k=int(mode[2:]))
-        kw["engine"] = eng if mode == "auto" or kw["k"] == max(KS) else None
+        kw["engine"] = engines[max(KS) if mode == "auto" else kw["k"]]
         runs = []
         for rep in range(repeats + 1):                # the first run warms the plans its rounds use
             sched = None if schedule is None else schedule(max(KS) if mode == "auto" else kw["k"])

@@ -75,6 +75,7 @@ class KChooser:
         self.can_pay = best_case < self.step_ms     # with every draft accepted, some k beats a step
         self.gap, self.plain_run = probe_gap, 0
         self.trace: list = []                        # one Choice a round
+        self._pred = None                            # predicted() until the estimate changes
 
     def _ms(self, k: int, alphas) -> float:
         prof = tuple(alphas[:self.pairing.judged_depths(k)])
@@ -82,7 +83,9 @@ class KChooser:
 
     def predicted(self) -> dict:
         """k -> predicted ms per token under the current estimate (0: a plain step)."""
-        return {0: self.step_ms, **{k: self._ms(k, self.alphas) for k in self.ks}}
+        if self._pred is None:
+            self._pred = {0: self.step_ms, **{k: self._ms(k, self.alphas) for k in self.ks}}
+        return self._pred
 
     def choose(self, left: int) -> int:
         """The next round's k (at most `left`, the tokens still to emit)."""
@@ -95,7 +98,7 @@ class KChooser:
             why = "best"
             if k == 0 and self.plain_run >= self.gap:
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
-        self.trace.append(Choice(k, why, pred, tuple(self.alphas)))
+        self.trace.append(Choice(k, why, pred, tuple(self.alphas)))     # pred is shared until it changes
         return k
 
     def observe(self, k: int, n_ok: int):
@@ -113,6 +116,7 @@ class KChooser:
             self.alphas[j] += self.weight * (hit - self.alphas[j])
         if n_ok == k and judged < len(self.alphas):
             self.alphas[judged] += self.weight * (1.0 - self.alphas[judged])
+        self._pred = None
         if choice is not None and choice.reason == "probe" and not hits:
             self.gap = min(2 * self.gap, self.probe_gap_max)      # the probe found nothing: wait longer
         else:

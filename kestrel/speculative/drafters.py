@@ -118,11 +118,9 @@ class Drafter:
         slot pairs (t_{p+offset}, h_p): it is held like a round's rewrite, for the next chain's
         first pass (however many plain steps come first: a draft may never come again)."""
         x = int(token) if self.pairing.offset else int(ctx.t_p)
-        row = ctx.h_p.reshape(1, -1)
-        if self.fill is None:
-            self.fill = ([x], row)
-        else:
-            self.fill = (self.fill[0] + [x], self.be.xp.concatenate([self.fill[1], row], axis=0))
+        toks, rows = self.fill if self.fill is not None else ([], [])
+        rows = list(rows) if not isinstance(rows, list) else rows     # held as rows, stacked when written
+        self.fill = (toks + [x], rows + [ctx.h_p.reshape(-1)])
 
     def _chain(self, eng, drafts: list, x, h, q: int, j0: int, k: int, keep: bool = False):
         """Drafts j = j0..k-1 by the MTP chain (one Engine.mtp_draft of k - j0 rows): row q reads
@@ -133,6 +131,8 @@ class Drafter:
         DraftFeed of `drafts` and the chain's tokens."""
         n = k - j0
         fill = self.fill
+        if fill is not None and isinstance(fill[1], list):       # rows held one by one by skip()
+            fill = (fill[0], self.be.xp.stack(fill[1]))
         m = 0 if fill is None else len(fill[0])
         if n <= 0:
             if fill is not None:

@@ -170,7 +170,8 @@ class SpecRun:
         t = ctx.a_p
         s = eng.step(ctx.p + 1, t)
         b = be.now()
-        self.d.skip(eng, ctx, t)
+        if self.chooser.can_pay:        # else no round will draft again: the MTP slot is left as it is
+            self.d.skip(eng, ctx, t)
         a_p = int(be.argmax(s.logits))
         c = be.now()
         self.stream.append(t)
@@ -214,7 +215,8 @@ class SpecRun:
         if eng.pending is not None:
             raise InvariantError(f"round {len(self.records)}: a checkpointed verify is still pending")
         held = self.d.pending_rows      # confirmed rows the drafter's next chain writes first
-        if not self.trusting and eng.mtp_cursor + held != ctx.p:
+        never_drafts = self.chooser is not None and not self.chooser.can_pay
+        if not self.trusting and not never_drafts and eng.mtp_cursor + held != ctx.p:
             raise InvariantError(f"round {len(self.records)}: MTP cursor {eng.mtp_cursor} + {held} rows the drafter "
                                  f"holds != p = {ctx.p}")
 
