@@ -144,3 +144,22 @@ def test_auto_that_cannot_pay_runs_plain_steps(tiny, units, rng):
     s = r.summary()
     assert s.bit_exact and s.k_chosen == {0: 24} and s.plain_steps == 24 and s.rounds == 0
     assert {c.reason for c in r.choices} == {"cannot pay"}
+
+
+def test_measured_round_times_correct_the_cost_model(units):
+    """Unit costs that say a round pays, rounds that measure three times their prediction (the
+    host's share on a launch-bound shape): the chooser stops drafting for good."""
+    u = _units(units, step=1.0, verify_per_row=0.1, draft=0.1)
+    c = KChooser(u, "checkpoint", "trained", 4)
+    assert c.can_pay
+    for _ in range(10):
+        k = c.choose(100)
+        if k == 0:
+            c.observe_plain()
+            c.observe_time(0, 0, c.step_ms)
+            continue
+        c.observe(k, k)
+        predicted = sum(spec.round_cost(u, "checkpoint", "trained", k, k).values())
+        c.observe_time(k, k, 3.0 * predicted)
+    assert not c.can_pay and c.choose(100) == 0 and c.trace[-1].reason == "cannot pay"
+    assert c.scale["round"] > 2.0 and abs(c.scale["plain"] - 1.0) < 1e-9

@@ -15,13 +15,18 @@ first judged draft is d_2), an exponential moving average over the rounds that r
 (weight WEIGHT per observation), starting at PRIOR: recent rounds count most, so the estimate
 follows acceptance that changes within a run.
 
+The costs, as measured. Unit costs price the device's work; a round also pays the host's (the
+Python of the round, the reads), which on a launch-bound shape is a large part of it. So the
+chooser keeps one more moving average for drafted rounds and one for plain steps: each measured
+time over what the cost model predicted for it. Predictions are scaled by them.
+
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
-updates the estimate); a probe that accepts no judged draft doubles the gap (up to PROBE_GAP_MAX),
-any other drafted round resets it. A round that accepts all its drafts counts as a hit one depth
-further too, so the estimate can climb to a k it has not tried. With perfect drafts (every rate 1) a round that
-still cannot beat a step is never tried: where speculation cannot pay at all (the tiny model on a
-GPU), the run is plain greedy decoding with the chooser's arithmetic on the host.
+updates the estimate); a probe after which a plain step still wins doubles the gap (up to
+PROBE_GAP_MAX), any other drafted round resets it. A round that accepts all its drafts counts as a
+hit one depth further too, so the estimate can climb to a k it has not tried. With perfect drafts (every rate 1) a round that
+still cannot beat a step (at the measured scales) is never tried again: where speculation cannot
+pay at all (the tiny model on a GPU), the run becomes plain greedy decoding.
 
 Bits. The chooser only decides which verify runs and how many rows; every token is still the main
 model's argmax, so the stream is the greedy stream (the policies' construction guarantee).
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import predict
+from .cost import predict, round_cost
 from .errors import SpecArgumentError
 from .pairing import Pairing
 from .policy import Policy
@@ -71,8 +76,9 @@ class KChooser:
                                     f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
         self.alphas = [prior] * self.pairing.judged_depths(k_max)
         self.step_ms = units.greedy_ms_per_token
-        best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
-        self.can_pay = best_case < self.step_ms     # with every draft accepted, some k beats a step
+        self.best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
+        self.scale = {"round": 1.0, "plain": 1.0}  # measured / predicted, moving averages
+        self.can_pay = self.best_case < self.step_ms     # with every draft accepted, some k beats a step
         self.gap, self.plain_run = probe_gap, 0
         self.trace: list = []                        # one Choice a round
         self._pred = None                            # predicted() until the estimate changes
@@ -84,7 +90,8 @@ class KChooser:
     def predicted(self) -> dict:
         """k -> predicted ms per token under the current estimate (0: a plain step)."""
         if self._pred is None:
-            self._pred = {0: self.step_ms, **{k: self._ms(k, self.alphas) for k in self.ks}}
+            r = self.scale["round"]
+            self._pred = {0: self.step_ms * self.scale["plain"], **{k: self._ms(k, self.alphas) * r for k in self.ks}}
         return self._pred
 
     def choose(self, left: int) -> int:
@@ -117,11 +124,25 @@ class KChooser:
         if n_ok == k and judged < len(self.alphas):
             self.alphas[judged] += self.weight * (1.0 - self.alphas[judged])
         self._pred = None
-        if choice is not None and choice.reason == "probe" and not hits:
-            self.gap = min(2 * self.gap, self.probe_gap_max)      # the probe found nothing: wait longer
+        self._pred = None
+        if choice is not None and choice.reason == "probe" and min(self.predicted(), key=self.predicted().get) == 0:
+            self.gap = min(2 * self.gap, self.probe_gap_max)      # a plain step still wins: wait longer
         else:
             self.gap = self.probe_gap0
         self.plain_run = 0
+
+    def observe_time(self, k: int, n_ok: int, ms: float):
+        """The measured ms of the round just observed (k = 0: a plain step): the scale of its kind
+        moves toward measured / predicted; when even perfect drafts cannot beat a step at the
+        scales measured, no round will be drafted again."""
+        pred = (self.step_ms if k == 0 else
+                sum(round_cost(self.units, self.policy, self.pairing, k, max(n_ok, self.pairing.min_nok)).values()))
+        kind = "plain" if k == 0 else "round"
+        if pred > 0 and ms > 0:
+            self.scale[kind] += self.weight * (ms / pred - self.scale[kind])
+        self._pred = None
+        if self.can_pay and self.best_case * self.scale["round"] >= self.step_ms * self.scale["plain"]:
+            self.can_pay = False
 
     def observe_plain(self):
         self.plain_run += 1

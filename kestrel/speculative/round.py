@@ -72,6 +72,8 @@ class SpecRun:
                     self.chooser.observe_plain()
                 else:
                     self._round(kr)
+                last = self.records[-1]
+                self.chooser.observe_time(last.k, last.n_ok, last.total_ms)
                 continue
             kr = self.k
             if left < self.k:
