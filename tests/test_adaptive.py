@@ -152,7 +152,7 @@ def test_measured_round_times_correct_the_cost_model(units):
     u = _units(units, step=1.0, verify_per_row=0.1, draft=0.1)
     c = KChooser(u, "checkpoint", "trained", 4)
     assert c.can_pay
-    for _ in range(10):
+    for _ in range(200):
         k = c.choose(100)
         if k == 0:
             c.observe_plain()
