@@ -137,13 +137,14 @@ def test_auto_refusals(tiny, units):
 
 
 def test_auto_that_cannot_pay_runs_plain_steps(tiny, units, rng):
-    """Launch-bound costs on a real run: every round a plain step, the stream greedy's."""
+    """Launch-bound costs on a real run: no round drafts; the run finishes as plain greedy steps
+    (the strict tail's loop), the stream greedy's."""
     u = _units(units, step=1.0, verify_per_row=1.0, draft=1.0)
     start = spec.default_starts(tiny)[int(rng.integers(0, 6))][1]
     r = spec.run_spec(tiny, start, T=24, k="auto", policy="checkpoint", drafter="mtp", unit_costs=u)
     s = r.summary()
-    assert s.bit_exact and s.k_chosen == {0: 24} and s.plain_steps == 24 and s.rounds == 0
-    assert {c.reason for c in r.choices} == {"cannot pay"}
+    assert s.bit_exact and not s.k_chosen and s.rounds == 0
+    assert s.tail_tokens == 24 and "no k can beat a plain step" in s.tail_reason
 
 
 def test_measured_round_times_correct_the_cost_model(units):

@@ -41,7 +41,8 @@ from .pairing import Pairing
 from .policy import Policy
 from .units import UnitCosts
 
-WEIGHT = 0.3            # an observation's weight in the per-depth moving average
+WEIGHT = 0.2            # an observation's weight in the per-depth moving average
+HYSTERESIS = 0.03       # a drafted round keeps the last k unless another is predicted this much faster
 PRIOR = 0.5             # the rate assumed for a depth before any round reached it
 PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
@@ -78,6 +79,7 @@ class KChooser:
         self.step_ms = units.greedy_ms_per_token
         self.best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
         self.scale = {"round": 1.0, "plain": 1.0}  # measured / predicted, moving averages
+        self.measured = {"round": 0, "plain": 0}   # rounds behind each
         self.can_pay = self.best_case < self.step_ms     # with every draft accepted, some k beats a step
         self.gap, self.plain_run = probe_gap, 0
         self.trace: list = []                        # one Choice a round
@@ -103,6 +105,9 @@ class KChooser:
         else:
             k = min([0] + ks, key=lambda j: pred[j])
             why = "best"
+            last = next((c.k for c in reversed(self.trace) if c.k > 0), None)
+            if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
+                k = last            # estimate noise would flip between near-equal k
             if k == 0 and self.plain_run >= self.gap:
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
         self.trace.append(Choice(k, why, pred, tuple(self.alphas)))     # pred is shared until it changes
@@ -133,15 +138,19 @@ class KChooser:
 
     def observe_time(self, k: int, n_ok: int, ms: float):
         """The measured ms of the round just observed (k = 0: a plain step): the scale of its kind
-        moves toward measured / predicted; when even perfect drafts cannot beat a step at the
-        scales measured, no round will be drafted again."""
+        moves toward measured / predicted (its first measurement sets it); once both kinds are
+        measured and even perfect drafts cannot beat a step at their scales, no round is drafted
+        again (the run finishes with plain greedy steps)."""
         pred = (self.step_ms if k == 0 else
                 sum(round_cost(self.units, self.policy, self.pairing, k, max(n_ok, self.pairing.min_nok)).values()))
         kind = "plain" if k == 0 else "round"
         if pred > 0 and ms > 0:
-            self.scale[kind] += self.weight * (ms / pred - self.scale[kind])
+            first = self.measured[kind] == 0
+            self.scale[kind] += (1.0 if first else self.weight) * (ms / pred - self.scale[kind])
+            self.measured[kind] += 1
         self._pred = None
-        if self.can_pay and self.best_case * self.scale["round"] >= self.step_ms * self.scale["plain"]:
+        both = min(self.measured.values()) >= 1      # one scale alone says nothing about the other
+        if self.can_pay and both and self.best_case * self.scale["round"] >= self.step_ms * self.scale["plain"]:
             self.can_pay = False
 
     def observe_plain(self):

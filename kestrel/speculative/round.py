@@ -65,6 +65,9 @@ class SpecRun:
         self._check_invariant()
         while len(self.stream) < self.T:
             left = self.T - len(self.stream)
+            if self.chooser is not None and not self.chooser.can_pay:
+                self._plain_tail(left, "k=auto: no k can beat a plain step at the costs measured")
+                break
             if self.chooser is not None:
                 kr = self.chooser.choose(left)
                 if kr == 0:
@@ -186,10 +189,10 @@ class SpecRun:
         if self.on_round is not None:
             self.on_round(self.records[-1])
 
-    def _plain_tail(self, left):
+    def _plain_tail(self, left, reason: str | None = None):
         be, eng = self.be, self.eng
-        self.tail_reason = (f"{left} left < k={self.k}: the strict batch needs M == mmax == {self.k}, "
-                            f"so the article's driver stops speculating")
+        self.tail_reason = reason or (f"{left} left < k={self.k}: the strict batch needs M == mmax == {self.k}, "
+                                      f"so the article's driver stops speculating")
         a = be.now()
         for _ in range(left):
             ctx = self.ctx
