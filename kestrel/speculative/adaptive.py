@@ -59,7 +59,10 @@ class Choice:
 
 class KChooser:
     def __init__(self, units: UnitCosts, policy, pairing, k_max: int, *, weight: float = WEIGHT,
-                 prior: float = PRIOR, probe_gap: int = PROBE_GAP, probe_gap_max: int = PROBE_GAP_MAX):
+                 prior: float = PRIOR, probe_gap: int = PROBE_GAP, probe_gap_max: int = PROBE_GAP_MAX,
+                 time_scaled: bool = True):
+        """time_scaled=False: decide from the unit costs alone, never from what rounds measure
+        (studies of the cost model, and tests whose decisions must not depend on the machine)."""
         if not isinstance(units, UnitCosts):
             raise SpecArgumentError(f"k='auto' prices rounds with UnitCosts (measure_unit_costs), got "
                                     f"{type(units).__name__}")
@@ -69,6 +72,7 @@ class KChooser:
             raise SpecArgumentError(f"k='auto' with k_max={k_max} needs unit costs measured up to k={k_max}; "
                                     f"these lack k = {missing}")
         self.k_max, self.weight, self.probe_gap0, self.probe_gap_max = k_max, weight, probe_gap, probe_gap_max
+        self.time_scaled = time_scaled
         # a round that judges no draft (the trained pairing's k = 1: only the free d_1) is a step
         # taken through the verify: never cheaper than a plain one, so never a choice
         self.ks = [k for k in range(1, k_max + 1) if self.pairing.judged_depths(k) >= 1]
@@ -141,6 +145,8 @@ class KChooser:
         moves toward measured / predicted (its first measurement sets it); once both kinds are
         measured and even perfect drafts cannot beat a step at their scales, no round is drafted
         again (the run finishes with plain greedy steps)."""
+        if not self.time_scaled:
+            return
         pred = (self.step_ms if k == 0 else
                 sum(round_cost(self.units, self.policy, self.pairing, k, max(n_ok, self.pairing.min_nok)).values()))
         kind = "plain" if k == 0 else "round"

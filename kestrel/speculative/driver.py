@@ -90,12 +90,13 @@ def validate_run(model, prompt, T, k, policy, drafter, *, schedule=None, referen
 def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafter="mtp", *, schedule=None,
              reference=None, greedy: bool = True, tail: str | None = None, mistakes: Mistakes | None = None,
              check: bool = True, check_rows: bool = False, on_round=None, engine=None,
-             greedy_engine=None, k_max: int = 4, unit_costs=None) -> SpecResult:
+             greedy_engine=None, k_max: int = 4, unit_costs=None, time_scaled: bool = True) -> SpecResult:
     """Speculative decoding of T tokens after `prompt` with k drafts per round.
 
     k: an int, or "auto": each round's k in 0..k_max chosen from unit_costs (a UnitCosts of this
     model on this device; measured here first when None) and the acceptance seen so far, 0 a
-    plain step (kestrel/speculative/adaptive.py). Needs a flex-batch policy.
+    plain step (kestrel/speculative/adaptive.py); time_scaled=False keeps the measured round
+    times out of the decisions. Needs a flex-batch policy.
 
     policy: 'replay' | 'flex-replay' | 'checkpoint' (or a Policy). drafter: 'mtp-article' |
     'mtp' | 'replay' (with schedule=Schedule(hist= | profile= | seq=, pairing=)) | a Drafter.
@@ -116,7 +117,9 @@ def run_spec(model, prompt, T: int = 64, k: int = 3, policy="checkpoint", drafte
     if a.auto:
         if unit_costs is None:
             unit_costs = measure_unit_costs(model, k_max=a.k)
-        chooser = KChooser(unit_costs, a.policy, a.drafter.pairing, a.k)
+        if not isinstance(time_scaled, (bool, np.bool_)):
+            raise SpecArgumentError(f"run_spec: time_scaled= takes a bool, got {time_scaled!r:.40}")
+        chooser = KChooser(unit_costs, a.policy, a.drafter.pairing, a.k, time_scaled=bool(time_scaled))
     elif unit_costs is not None:
         raise SpecArgumentError("unit_costs= prices the rounds of k='auto'; a fixed k takes none")
     for name, flag in (("greedy", greedy), ("check", check), ("check_rows", check_rows)):

@@ -254,11 +254,14 @@ def aggregate(results: list) -> RunSummary:
 
 def _k_chosen(results) -> dict | None:
     """k -> rounds over runs with k = "auto" (None when none of them chose)."""
+    chosen = [r.k_chosen() for r in results]
+    if all(c is None for c in chosen):
+        return None
     out = {}
-    for r in results:
-        for k, c in (r.k_chosen() or {}).items():
-            out[k] = out.get(k, 0) + c
-    return dict(sorted(out.items())) if out else None
+    for c in chosen:
+        for k, n in (c or {}).items():
+            out[k] = out.get(k, 0) + n
+    return dict(sorted(out.items()))
 
 
 def _f(x, nd=3):
@@ -278,7 +281,7 @@ def log_lines(s: RunSummary) -> list:
         lines.append(f"[spec] A (greedy, MTP off) {s.T} tokens: {s.greedy_ms:.1f} ms "
                      f"({s.greedy_ms_per_token:.3f} ms/token)")
     sp = f" => speedup {s.speedup:.3f}x" if s.speedup is not None else ""
-    k = f"auto (<= {s.k})" if s.k_chosen else s.k
+    k = f"auto (<= {s.k})" if s.k_chosen is not None else s.k
     lines.append(f"[spec] B (spec, k={k}, policy={s.policy}, drafter={s.drafter}) "
                  f"{s.T} tokens: {s.spec_ms:.1f} ms ({s.ms_per_token:.3f} ms/token){sp}")
     lines.append(f"[spec] rounds={s.rounds} accepted={s.accepted} mean/round={s.mean_per_round:.3f} "
@@ -286,7 +289,7 @@ def log_lines(s: RunSummary) -> list:
     lines.append(f"[spec] n_ok histogram: {format_hist(s.hist)}")
     if s.cond_hits:
         lines.append(cond_line(s.cond_hits))
-    if s.k_chosen:
+    if s.k_chosen is not None:
         lines.append(f"[spec] k chosen per round (k=auto): {' '.join(f'k={k}:{c}' for k, c in s.k_chosen.items())} "
                      f"({s.plain_steps} plain step(s), no draft)")
     if s.tail_tokens:
