@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 import kestrel
 from kestrel import KestrelError
+from test_hostile_input import same_state
 
 INT_TYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.intc,
              np.longlong, np.ulonglong)
@@ -23,15 +24,6 @@ INT_TYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint
 def holders(v: int) -> list:
     """The NumPy integer types that hold v (Python int always does)."""
     return [t for t in INT_TYPES if np.iinfo(t).min <= v <= np.iinfo(t).max]
-
-
-def same_state(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], np.ndarray):
-            assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k], equal_nan=True), k
-        else:
-            assert a[k] == b[k], k
 
 
 def assert_python_ints(e):

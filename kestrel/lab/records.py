@@ -168,6 +168,11 @@ class Roofline:
     weight_bytes: int
     floor_share: float                # the weight read's share of a step
     verify_over_step: dict            # M -> verify_checkpointed(M) / step
+    floor_ms: float | None = None     # weight bytes / the read bandwidth
+    kernels_per_step: int | None = None
+    launch_ms: float | None = None    # kernels per step x the cost of one launch
+    step_ms: float | None = None      # the step measured
+    draft_over_step: float | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,9 @@ class Sweep:
     ks: tuple
     sizes: tuple                      # SweepSize
     skipped: tuple = ()               # (preset, why) the machine could not run
+    bandwidth_Bps: float | None = None
+    bandwidth_kind: str | None = None
+    launch_ms_per_kernel: float | None = None
 
     def best(self) -> dict:
         """preset -> the fastest k's run if it beat greedy (speedup > 1), else None."""
@@ -227,9 +235,13 @@ def read_sweep(f: Field) -> Sweep:
                 for r in s["runs"].items()]
         sizes.append(SweepSize(s["preset"].str(), s["weight_bytes"].int(), s["greedy_ms_per_token"].num(),
                                tuple(runs), Roofline(ro["bound"].str(), ro["dtype"].str(), ro["weight_bytes"].int(),
-                                                     ro["floor_share"].num(), ro["verify_over_step"].table())))
+                                                     ro["floor_share"].num(), ro["verify_over_step"].table(),
+                                                     ro.opt("floor_ms", "num"), ro.opt("kernels_per_step", "int"),
+                                                     ro.opt("launch_ms", "num"), ro.opt("step_ms", "num"),
+                                                     ro.opt("draft_over_step", "num"))))
     skipped = tuple((g["preset"].str(), g["why"].str()) for g in f["skipped"].items()) if f.has("skipped") else ()
-    return Sweep(f["device"].str(), tuple(k.int(1) for k in f["ks"].items()), tuple(sizes), skipped)
+    return Sweep(f["device"].str(), tuple(k.int(1) for k in f["ks"].items()), tuple(sizes), skipped,
+                 f.opt("bandwidth_Bps", "num"), f.opt("bandwidth_kind", "str"), f.opt("launch_ms_per_kernel", "num"))
 
 
 @dataclass(frozen=True)
