@@ -58,6 +58,10 @@ class Choice:
 
 
 class KChooser:
+    """Each round's k for one run: choose() before the round, observe() with its n_ok (drafted
+    rounds), observe_plain() (plain steps), observe_time() with its measured ms. trace holds one
+    Choice a round."""
+
     def __init__(self, units: UnitCosts, policy, pairing, k_max: int, *, weight: float = WEIGHT,
                  prior: float = PRIOR, probe_gap: int = PROBE_GAP, probe_gap_max: int = PROBE_GAP_MAX,
                  time_scaled: bool = True):
@@ -123,18 +127,16 @@ class KChooser:
         with acceptance at the next), so the estimate can climb to a k it has not tried yet."""
         choice = self.trace[-1] if self.trace else None
         first, judged = self.pairing.min_nok, self.pairing.judged_depths(k)
-        hits = 0
         for j in range(judged):
             if first + j > n_ok:            # not reached: an earlier draft missed
                 break
             hit = 1.0 if first + j < n_ok else 0.0
-            hits += int(hit)
             self.alphas[j] += self.weight * (hit - self.alphas[j])
         if n_ok == k and judged < len(self.alphas):
             self.alphas[judged] += self.weight * (1.0 - self.alphas[judged])
         self._pred = None
-        self._pred = None
-        if choice is not None and choice.reason == "probe" and min(self.predicted(), key=self.predicted().get) == 0:
+        pred = self.predicted()
+        if choice is not None and choice.reason == "probe" and min(pred, key=pred.get) == 0:
             self.gap = min(2 * self.gap, self.probe_gap_max)      # a plain step still wins: wait longer
         else:
             self.gap = self.probe_gap0
