@@ -53,7 +53,7 @@ fi
 if [[ $execute == 1 ]]; then
   # the live widgets' outputs keep their text form only (what a reader opening the notebook
   # without running it should see, trusted or not): their models died with the executing kernel
-  "$PY" scripts/browser_widgets.py --drop-widget-views "$src"/book/*.ipynb
+  "$PY" scripts/browser_widgets.py --drop-widget-views "$src"/book*/*.ipynb
 fi
 
 # always through $PY (not the first jupyter-book on PATH): the interpreter that has the book's
