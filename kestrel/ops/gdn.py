@@ -85,10 +85,12 @@ def conv_step(window: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def gdn_rows(sh: GDNShape, qkv, z, b, a, conv_w, A_log, dt_bias, norm_w, S, hist,
              S_slots=None, hist_slots=None) -> np.ndarray:
-    """qkv [M, C], z [M, nv*dv], b/a [M, nv]; conv_w [C, K]; S [nv, dk, dv]; hist [C, K-1].
+    """qkv [M, C], z [M, nv*dv], b/a [M, nv]; conv_w [C, K];
+    S [nv, dk, dv]; hist [C, K-1].
 
-    S_slots/hist_slots None: update S/hist in place. Otherwise sequences of M arrays: row j's
-    state is written to slot j (row j+1 starts from it); S/hist are only read.
+    S_slots/hist_slots None: update S/hist in place. Otherwise sequences
+    of M arrays: row j's state is written to slot j (row j+1 starts from
+    it); S/hist are only read.
     Returns y [M, nv*dv] (gated-normed, before out_proj).
     """
     M = qkv.shape[0]
