@@ -203,7 +203,8 @@ def test_live_widgets_in_jupyterlab():
     """Both widgets in JupyterLab with a live kernel (scripts/browser_widgets.py): spec_replay
     says "Press Run" and draws no empty figures before its first run; Run pressed with the
     mouse; the cost explorer's α1 and k moved; a control changed after the run is announced; the
-    page reloaded and the notebook opened in a second tab, where Run is pressed again: every
+    page reloaded and the notebook opened in a second tab (a page whose widgets have not drawn
+    after 2 minutes is reloaded once, what it showed kept in the report), where Run is pressed again: every
     time the figures' data equal the status line's and the table's numbers, in both tabs; every
     figure as wide as its box; nothing logged as an error; a notebook executed as the book's
     build does (no front-end), opened trusted and untrusted, and the committed chapter 7
@@ -221,5 +222,6 @@ def test_live_widgets_in_jupyterlab():
     report = json.loads((out / "report.json").read_text())
     failed = [name for name, ok in report["checks"].items() if not ok]
     assert proc.returncode == 0 and not failed, \
-        f"failed: {failed}; error: {report.get('error')}; log: {report.get('log', [])[:5]}"
+        (f"failed: {failed}; error: {report.get('error')}; log: {report.get('log', [])[:5]}; "
+         f"reloaded: {report.get('reloaded once')}; tab 2 showed: {report.get('tab 2 text')!r:.600}")
     assert len(report["screenshots"]) >= 16

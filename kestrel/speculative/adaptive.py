@@ -11,9 +11,10 @@ acceptance profile; this chooser feeds it the profile the run has seen so far an
 with the lowest predicted ms per token, 0 when a plain step (greedy: step + argmax) is cheaper.
 
 The estimate. One rate per judged depth j (the pairing's: the trained pairing's d_1 is free, so its
-first judged draft is d_2), an exponential moving average over the rounds that reached that depth
-(weight WEIGHT per observation), starting at PRIOR: recent rounds count most, so the estimate
-follows acceptance that changes within a run.
+first judged draft is d_2), starting at PRIOR (counted as one observation): the plain mean of the
+first few rounds that reached that depth, then an exponential moving average (weight WEIGHT per
+observation): recent rounds count most, so the estimate follows acceptance that changes within a
+run, and a run whose first drafts all miss stops drafting after a round or two, not four.
 
 The costs, as measured. Unit costs price the device's work; a round also pays the host's (the
 Python of the round, the reads), which on a launch-bound shape is a large part of it. So the
@@ -84,6 +85,7 @@ class KChooser:
             raise SpecArgumentError(f"k='auto' with k_max={k_max}: no k judges a draft under the "
                                     f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
         self.alphas = [prior] * self.pairing.judged_depths(k_max)
+        self.seen = [1] * len(self.alphas)          # observations behind each rate (the prior counts as one)
         self.step_ms = units.greedy_ms_per_token
         self.best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
         self.scale = {"round": 1.0, "plain": 1.0}  # measured / predicted, moving averages
@@ -130,10 +132,9 @@ class KChooser:
         for j in range(judged):
             if first + j > n_ok:            # not reached: an earlier draft missed
                 break
-            hit = 1.0 if first + j < n_ok else 0.0
-            self.alphas[j] += self.weight * (hit - self.alphas[j])
+            self._update(j, 1.0 if first + j < n_ok else 0.0)
         if n_ok == k and judged < len(self.alphas):
-            self.alphas[judged] += self.weight * (1.0 - self.alphas[judged])
+            self._update(judged, 1.0)
         self._pred = None
         pred = self.predicted()
         if choice is not None and choice.reason == "probe" and min(pred, key=pred.get) == 0:
@@ -141,6 +142,13 @@ class KChooser:
         else:
             self.gap = self.probe_gap0
         self.plain_run = 0
+
+    def _update(self, j: int, hit: float):
+        """Depth j's rate moves toward hit: the plain mean while it rests on fewer than
+        1/WEIGHT observations (the first rounds of a run are not outweighed by the prior), then the
+        moving average."""
+        self.seen[j] += 1
+        self.alphas[j] += max(self.weight, 1.0 / self.seen[j]) * (hit - self.alphas[j])
 
     def observe_time(self, k: int, n_ok: int, ms: float):
         """The measured ms of the round just observed (k = 0: a plain step): the scale of its kind

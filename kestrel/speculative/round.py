@@ -56,7 +56,8 @@ class SpecRun:
         a = be.now()
         s = eng.prefill(self.prompt)
         b = be.now()
-        self.d.start(eng, self.prompt, s.hidden)
+        if self.chooser is None or self.chooser.can_pay:   # else nothing will be drafted: no MTP fill
+            self.d.start(eng, self.prompt, s.hidden)
         c = be.now()
         self.prefill_ms, self.mtp_fill_ms = be.elapsed_ms(a, b), be.elapsed_ms(b, c)
         H = s.hidden
@@ -193,15 +194,19 @@ class SpecRun:
         be, eng = self.be, self.eng
         self.tail_reason = reason or (f"{left} left < k={self.k}: the strict batch needs M == mmax == {self.k}, "
                                       f"so the article's driver stops speculating")
+        # as lean as greedy_timed's loop (the k='auto' run that cannot pay is timed against it)
+        ctx, stream, step, argmax = self.ctx, self.stream, eng.step, be.argmax
+        p, h_p, h_prev, a_p, t = ctx.p, ctx.h_p, ctx.h_prev, ctx.a_p, ctx.t_p
         a = be.now()
         for _ in range(left):
-            ctx = self.ctx
-            t = ctx.a_p
-            self.stream.append(t)
-            s = eng.step(ctx.p + 1, t)
-            self.ctx = RoundCtx(p=ctx.p + 1, t_p=t, h_p=s.hidden, h_prev=ctx.h_p, a_p=int(be.argmax(s.logits)),
-                                emitted=len(self.stream), P=ctx.P)
+            t = a_p
+            stream.append(t)
+            p += 1
+            s = step(p, t)
+            h_prev, h_p = h_p, s.hidden
+            a_p = int(argmax(s.logits))
         b = be.now()
+        self.ctx = RoundCtx(p=p, t_p=t, h_p=h_p, h_prev=h_prev, a_p=a_p, emitted=len(stream), P=ctx.P)
         self.tail_tokens, self.tail_ms = left, be.elapsed_ms(a, b)
         if self.check and self.eng.cursor - len(self.prompt) != len(self.stream):
             raise InvariantError("tail: consumed != emitted")
