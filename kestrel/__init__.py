@@ -12,11 +12,12 @@ from pathlib import Path
 
 from . import inputs
 from .backend import get_backend
+from .batch import BatchEngine
 from .config import PRESETS, Config, from_hf, int_prod, preset
 from .draft import Draft, DraftFeed
 from .engine import Engine, Step, generate
 from .errors import (BatchWidthError, CheckpointError, CheckpointNotFoundError, ConfigError, CursorError, DeviceError,
-                     InsufficientMemoryError, KestrelError, SnapshotError, TokenError)
+                     InsufficientMemoryError, KestrelError, SlotError, SnapshotError, TokenError)
 from .memory import ensure_fits
 from .model import Model
 from .program import expected_shapes
@@ -26,9 +27,9 @@ from .weights import load_dir, random_weights
 ASSETS = Path(__file__).resolve().parent / "assets"
 WEIGHT_DTYPES = ("fp32", "bf16")
 
-__all__ = ["load", "Engine", "Step", "Draft", "DraftFeed", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
+__all__ = ["load", "Engine", "BatchEngine", "Step", "Draft", "DraftFeed", "generate", "to_numpy", "Model", "Config", "PRESETS", "preset",
            "KestrelError", "CursorError", "BatchWidthError", "SnapshotError", "TokenError", "DeviceError",
-           "CheckpointError", "ConfigError", "InsufficientMemoryError", "ByteTokenizer", "from_hf", "starts"]
+           "CheckpointError", "ConfigError", "InsufficientMemoryError", "SlotError", "ByteTokenizer", "from_hf", "starts"]
 
 
 def load(name_or_path="tiny", device: str = "auto", dtype: str = "fp32", seed: int = 0, kernels=None) -> Model:

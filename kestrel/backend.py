@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import platform
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,6 +37,17 @@ def _single_threaded_blas():
     except ImportError:
         return
     threadpool_limits(limits=1, user_api="blas")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's rows lo..hi-1 of a pass (hi None: to the end), at positions pos.. on its
+    DeviceState st, its GDN layers in gdn_mode (kestrel/program.py GDN_MODES)."""
+    st: object
+    pos: int
+    lo: int
+    hi: int | None
+    gdn_mode: str = "in_place"
 
 
 class CPUBackend:
@@ -107,21 +119,54 @@ class CPUBackend:
             x = [int(toks[j]) if forced is None else int(forced[j])]
         return toks, hs
 
+    def run_batch(self, model, prog, calls: list) -> list:
+        """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
+        calls = [(DeviceState, tokens [m_i], pos_i, gdn_mode_i)]. The row-wise ops (embed, norms,
+        projections) run once over every call's rows stacked; the ops with state (GDN,
+        attention) run each call's rows on its own state at its own positions. A projection
+        computes each row on its own (ops/linear.py: fixed 8-row blocks), so every call's rows
+        come out bit-identical to the same call made alone. -> [(hidden [m_i, D], logits [m_i, V])]."""
+        toks, segs, lo = [], [], 0
+        for st, tokens, pos, gdn_mode in calls:
+            t = np.asarray(tokens.host() if isinstance(tokens, DraftFeed) else tokens, dtype=np.int64)
+            toks.append(t)
+            segs.append(Segment(st, pos, lo, lo + len(t), gdn_mode))
+            lo += len(t)
+        env = {"tokens": np.concatenate(toks)}
+        self.execute_segments(model, prog, prog.ops, env, segs)
+        h, lg = env.get(prog.hidden), env.get(prog.logits)
+        return [(h[s.lo:s.hi], lg[s.lo:s.hi]) for s in segs]
+
     def fold(self, model, prog, st, n: int):
         """The fold program over the first n cached GDN input rows, in place."""
         env = {f"gdn_in.{g}": st.gdn_in[g, :n] for g in range(st.gdn_in.shape[0])}
         self.execute(model, prog, prog.ops, env, st, 0, "in_place")
 
     def execute(self, model, prog, ops, env: dict, st, pos: int, gdn_mode: str = "in_place"):
-        """Run `ops` (a slice of `prog`, e.g. one layer's mixer) on the buffers in `env`."""
+        """Run `ops` (a slice of `prog`, e.g. one layer's mixer) on the buffers in `env`: one
+        sequence's rows at positions pos.. on DeviceState st."""
+        return self.execute_segments(model, prog, ops, env, [Segment(st, pos, 0, None, gdn_mode)])
+
+    def execute_segments(self, model, prog, ops, env: dict, segs: list):
+        """Run `ops` on the buffers in `env`, whose rows are the Segments' (one a sequence)."""
         for op in ops:
-            self._OPS[op.kind](self, model, prog, op, env, st, pos, gdn_mode)
+            self._OPS[op.kind](self, model, prog, op, env, segs)
         return env
 
-    def _embed(self, model, prog, op, env, st, pos, gdn_mode):
+    @staticmethod
+    def _per_segment(env, op, segs, fn):
+        """dst = fn(segment, its rows of src) for each segment, stacked in segment order."""
+        src = env[op.src]
+        if len(segs) == 1 and segs[0].lo == 0 and segs[0].hi in (None, src.shape[0]):
+            env[op.dst] = fn(segs[0], src)
+            return
+        outs = [fn(s, src[s.lo:s.hi]) for s in segs]
+        env[op.dst] = np.concatenate(outs)
+
+    def _embed(self, model, prog, op, env, segs):
         env[op.dst] = _head.embed(model.w[op.weights[0].name], env[op.src])
 
-    def _rmsnorm(self, model, prog, op, env, st, pos, gdn_mode):
+    def _rmsnorm(self, model, prog, op, env, segs):
         x = env[op.src]
         y = _norm.rmsnorm(x, model.w[op.weights[0].name], model.cfg.rms_norm_eps)
         width = prog.width(op.dst)
@@ -132,7 +177,7 @@ class CPUBackend:
             env[op.dst] = np.empty((x.shape[0], width), np.float32)
         env[op.dst][:, op.col:op.col + y.shape[1]] = y
 
-    def _linear(self, model, prog, op, env, st, pos, gdn_mode):
+    def _linear(self, model, prog, op, env, segs):
         x, w = env[op.src], model.w
         parts = [_linear.linear(x, w[wt.name]) for wt in op.weights]   # each weight on its own (see program.py)
         if op.epilogue == "swiglu":
@@ -141,25 +186,31 @@ class CPUBackend:
         y = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         env[op.dst] = env[op.dst] + y if op.epilogue == "add" else y
 
-    def _gdn(self, model, prog, op, env, st, pos, gdn_mode):
+    def _gdn(self, model, prog, op, env, segs):
         c, w = model.cfg, model.w
         conv_w, A_log, dt_bias, norm_w = (w[wt.name] for wt in op.weights)
-        g, m = op.state[1], env[op.src].shape[0]
-        if gdn_mode == "cache":       # keep the rows' inputs for the fold
-            st.gdn_in[g, :m] = env[op.src]
-        S, hist, S_to, hist_to = st.gdn_slots(g, m, gdn_mode)
-        env[op.dst] = _gdn.gdn_rows(_gdn.GDNShape.of(c), *_gdn.split_in_proj(c, env[op.src]),
-                                    conv_w.reshape(conv_w.shape[0], -1), A_log, dt_bias, norm_w, S, hist, S_to, hist_to)
+        g = op.state[1]
 
-    def _attention(self, model, prog, op, env, st, pos, gdn_mode):
+        def one(seg, rows):
+            st, m = seg.st, rows.shape[0]
+            if seg.gdn_mode == "cache":       # keep the rows' inputs for the fold
+                st.gdn_in[g, :m] = rows
+            S, hist, S_to, hist_to = st.gdn_slots(g, m, seg.gdn_mode)
+            return _gdn.gdn_rows(_gdn.GDNShape.of(c), *_gdn.split_in_proj(c, rows), conv_w.reshape(conv_w.shape[0], -1),
+                                 A_log, dt_bias, norm_w, S, hist, S_to, hist_to)
+        self._per_segment(env, op, segs, one)
+
+    def _attention(self, model, prog, op, env, segs):
         c, w = model.cfg, model.w
-        ain = env[op.src]
-        kc, vc = st.kv(op.state)
-        cos, sin = self._rope(c, pos + ain.shape[0])
-        qg, k, v = _attn.split_in_proj(ain, c.num_heads, c.num_kv_heads, c.head_dim)
-        env[op.dst] = _attn.attention_block(qg, k, v, w[op.weights[0].name], w[op.weights[1].name],
-                                            cos[pos:pos + ain.shape[0]], sin[pos:pos + ain.shape[0]], kc, vc, pos,
-                                            c.rms_norm_eps, c.head_dim ** -0.5)
+
+        def one(seg, ain):
+            pos, m = seg.pos, ain.shape[0]
+            kc, vc = seg.st.kv(op.state)
+            cos, sin = self._rope(c, pos + m)
+            qg, k, v = _attn.split_in_proj(ain, c.num_heads, c.num_kv_heads, c.head_dim)
+            return _attn.attention_block(qg, k, v, w[op.weights[0].name], w[op.weights[1].name], cos[pos:pos + m],
+                                         sin[pos:pos + m], kc, vc, pos, c.rms_norm_eps, c.head_dim ** -0.5)
+        self._per_segment(env, op, segs, one)
 
     _OPS = {"embed": _embed, "rmsnorm": _rmsnorm, "linear": _linear, "gdn": _gdn, "attention": _attention}
 

@@ -41,6 +41,11 @@ class TokenError(KestrelError):
     real floats of the expected shape."""
 
 
+class SlotError(KestrelError):
+    """A batched engine's slot that is not in use (never joined, or left), or a join when every
+    slot is in use."""
+
+
 class DeviceError(KestrelError, RuntimeError):
     """device='cuda' without a usable GPU, or an unknown device.
 

@@ -36,6 +36,12 @@ class Model:
         state.slot + 1 + j) or cache (the live state only read; the inputs kept in state.gdn_in)."""
         return self.be.run(self, self.main_prog, state, tokens, pos, gdn_mode=gdn_mode)
 
+    def forward_batch(self, calls: list) -> list:
+        """Main model over several sequences' rows in one pass: calls = [(state, tokens [m_i],
+        pos_i, gdn_mode_i)] -> [(hidden [m_i, D], logits [m_i, V])], each bit-identical to that
+        call's forward() alone (kestrel/batch.py)."""
+        return self.be.run_batch(self, self.main_prog, calls)
+
     def fold(self, n: int, state):
         """Run the first n rows of the last cached verify's GDN inputs into the live state, in
         place: S and hist become exactly what n plain steps would have left."""

@@ -1,0 +1,263 @@
+"""The batched engine (kestrel/batch.py): each sequence bit-identical to itself decoded alone,
+whatever shares the pass; per-slot undo; bad input for one slot leaves every slot as it was."""
+import numpy as np
+import pytest
+
+import kestrel
+from kestrel.ops import linear as _linear
+
+POLICIES = ("replay", "checkpoint", "input-cache")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return kestrel.load("tiny", device="cpu")
+
+
+@pytest.fixture(scope="module", params=["tiny", "test-b"])
+def model(request, tiny):
+    return tiny if request.param == "tiny" else kestrel.load("test-b", device="cpu",
+                                                            seed=int(np.random.SeedSequence().entropy % 2 ** 31))
+
+
+def _prompt(rng, model, lo=2, hi=12):
+    return [int(t) for t in rng.integers(0, model.cfg.vocab_size, int(rng.integers(lo, hi)))]
+
+
+def _alone(model, prompt, T):
+    """A single-sequence Engine's greedy stream, logits of every step, and final state."""
+    eng = kestrel.Engine(model, max_seq=64, mmax=4)
+    lg = eng.prefill(prompt).logits[-1]
+    out, lgs = [], [lg]
+    for _ in range(T):
+        out.append(int(np.argmax(lg)))
+        lg = eng.step(eng.cursor, out[-1]).logits
+        lgs.append(lg)
+    return out, lgs, eng
+
+
+class Seq:
+    """One sequence of a mixed batch: its prompt, what it emitted, the logits after its last
+    consumed token, its undo strategy and k."""
+
+    def __init__(self, prompt, T, policy, k, logits):
+        self.prompt, self.T, self.policy, self.k = prompt, T, policy, k
+        self.out, self.lg, self.replay = [], logits, None
+
+    @property
+    def done(self):
+        return len(self.out) >= self.T
+
+
+def test_greedy_mixed_batch_with_joins_and_leaves(model, rng):
+    """Sequences join and leave at random while the others decode; each pass mixes slots at
+    different positions, some stepping several known tokens at once: every slot's logits equal
+    its own single-sequence run's, bit for bit, at every token."""
+    be = kestrel.BatchEngine(model, slots=4, max_seq=64, mmax=4)
+    waiting = [(_prompt(rng, model), int(rng.integers(3, 14))) for _ in range(7)]
+    refs = {tuple(p): _alone(model, p, T) for p, T in waiting}
+    running, passes = {}, 0
+    while waiting or running:
+        while waiting and len(running) < be.slots and (not running or rng.random() < 0.5):
+            p, T = waiting.pop()
+            s, st = be.join(p)
+            assert np.array_equal(st.logits[-1], refs[tuple(p)][1][0])
+            running[s] = Seq(p, T, None, 1, st.logits[-1])
+        calls = {}
+        for s, q in running.items():
+            ref = refs[tuple(q.prompt)][0]
+            m = min(int(rng.integers(1, 4)), q.T - len(q.out))    # teacher-forced rows of the reference
+            calls[s] = ("step", be.cursor(s), ref[len(q.out):len(q.out) + m])
+        out = be.forward(calls)
+        passes += 1
+        for s, st in out.items():
+            q = running[s]
+            ref, lgs = refs[tuple(q.prompt)][:2]
+            n = len(calls[s][2])
+            for j in range(n):
+                assert np.array_equal(st.logits[j], lgs[len(q.out) + j + 1]), (s, len(q.out) + j)
+            q.out += list(calls[s][2])
+        for s in [s for s, q in running.items() if q.done]:
+            be.leave(s)
+            del running[s]
+    assert passes >= 5
+
+
+def _round_calls(be, running, rng, refs):
+    """One pass: each slot's verify of [g, d_1..d_{k-1}] (drafts from its reference, each
+    corrupted with its own probability), or the replay of the rows its last round accepted."""
+    calls = {}
+    for s, q in running.items():
+        if q.replay is not None:                  # replay: re-run the accepted rows after rollback
+            calls[s] = ("step", be.cursor(s), q.replay)
+            continue
+        ref = refs[tuple(q.prompt)]
+        i, V = len(q.out), be.model.cfg.vocab_size
+        k = min(q.k, q.T - i)
+        rows = [int(np.argmax(q.lg))]
+        for j in range(1, k):
+            t = ref[i + j] if i + j < len(ref) else 0
+            rows.append(t if rng.random() < q.alpha else int((t + 1 + rng.integers(0, V - 1)) % V))
+        if q.policy == "replay":
+            be.slot(s).mark()
+        kind = {"replay": "step", "checkpoint": "verify_checkpointed", "input-cache": "verify_cached"}[q.policy]
+        calls[s] = (kind, be.cursor(s), rows)
+    return calls
+
+
+def _finish(be, s, q, call, st):
+    """The slot's n_ok, its undo, what it emits; -> the select / fold count, if any."""
+    kind, _, rows = call
+    if q.replay is not None:                      # the replay pass: the accepted rows again
+        q.out += rows
+        q.lg, q.replay = st.logits[-1], None
+        return None
+    n_ok = 1
+    while n_ok < len(rows) and int(np.argmax(st.logits[n_ok - 1])) == rows[n_ok]:
+        n_ok += 1
+    if q.policy == "replay":
+        if n_ok == len(rows):                     # everything accepted: nothing to undo (the mark is dropped
+            q.out += rows                         # by the next one)
+            q.lg = st.logits[-1]
+        else:
+            be.slot(s).rollback()
+            q.replay = rows[:n_ok]
+        return None
+    q.out += rows[:n_ok]
+    q.lg = st.logits[n_ok - 1]
+    return n_ok
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_speculative_mixed_batch_every_policy(model, rng, trial):
+    """Slots with different undo strategies (replay, checkpoint, input-cache), k = 1..4 and
+    acceptance rates share every verify pass; sequences join and leave. Each slot's stream is
+    its own greedy stream, and its state at the end (live GDN state and conv window, KV cache
+    up to its cursor) is bit-identical to a single-sequence Engine's after the same tokens."""
+    be = kestrel.BatchEngine(model, slots=5, max_seq=64, mmax=4)
+    waiting = []
+    for _ in range(8):
+        q = Seq(_prompt(rng, model), int(rng.integers(4, 16)), POLICIES[int(rng.integers(0, 3))],
+                int(rng.integers(1, 5)), None)
+        q.alpha = float(rng.choice([0.0, 0.5, 0.9, 1.0]))
+        waiting.append(q)
+    refs = {tuple(q.prompt): _alone(model, q.prompt, q.T + 4)[0] for q in waiting}
+    running, seen = {}, set()
+    while waiting or running:
+        while waiting and len(running) < be.slots and (not running or rng.random() < 0.6):
+            q = waiting.pop()
+            s, st = be.join(q.prompt)
+            q.lg = st.logits[-1]
+            running[s] = q
+        calls = _round_calls(be, running, rng, refs)
+        out = be.forward(calls)
+        seen.add(tuple(sorted(c[0] for c in calls.values())))
+        sel, fold = {}, {}
+        for s, st in out.items():
+            n = _finish(be, s, running[s], calls[s], st)
+            if n is not None:
+                (sel if calls[s][0] == "verify_checkpointed" else fold)[s] = n
+        if sel:
+            be.select_checkpoint(sel)
+        if fold:
+            be.fold_cached(fold)
+        for s in [s for s, q in running.items() if q.done and q.replay is None]:
+            q = running.pop(s)
+            assert q.out[:q.T] == refs[tuple(q.prompt)][:q.T], (q.policy, q.k)
+            alone = kestrel.Engine(model, max_seq=64, mmax=4)
+            alone.prefill(q.prompt)
+            for t in q.out:
+                alone.step(alone.cursor, t)
+            mine = be.slot(s)
+            assert mine.cursor == alone.cursor
+            for a, b in zip(mine.live_state(), alone.live_state()):
+                assert np.array_equal(a, b)
+            c = alone.cursor
+            assert np.array_equal(mine.state.kc[:, :c], alone.state.kc[:, :c])
+            assert np.array_equal(mine.state.vc[:, :c], alone.state.vc[:, :c])
+            be.leave(s)
+    assert any(len(set(kinds)) > 1 for kinds in seen)        # passes did mix strategies
+
+
+def test_bad_input_for_one_slot_changes_no_slot(tiny, rng):
+    """A bad call for one slot (a wrong position, an out-of-range token, too many rows, a freed
+    or unknown slot, an n past the pending verify) raises a named error and
+    leaves every slot bit-identical; a full engine refuses a join."""
+    be = kestrel.BatchEngine(tiny, slots=3, max_seq=32, mmax=3)
+    a, _ = be.join(_prompt(rng, tiny))
+    b, _ = be.join(_prompt(rng, tiny))
+    c, _ = be.join(_prompt(rng, tiny))
+    with pytest.raises(kestrel.SlotError, match="all 3 slots are in use"):
+        be.join([1, 2])
+    be.leave(c)
+    good = ("step", be.cursor(a), [3])
+
+    def same_after(call, err, match):
+        before = be.snapshot_state()
+        with pytest.raises(err, match=match):
+            call()
+        after = be.snapshot_state()
+        assert before["live"] == after["live"]
+        for i in range(be.slots):
+            x, y = before[i], after[i]
+            assert x.keys() == y.keys()
+            for key in x:
+                if isinstance(x[key], np.ndarray):
+                    assert np.array_equal(x[key], y[key]), (i, key)
+                else:
+                    assert x[key] == y[key], (i, key)
+
+    same_after(lambda: be.forward({a: good, b: ("step", be.cursor(b) + 1, [3])}), kestrel.CursorError, "slot 1")
+    same_after(lambda: be.forward({a: good, b: ("step", be.cursor(b), [tiny.cfg.vocab_size])}), kestrel.TokenError, "slot 1")
+    same_after(lambda: be.forward({a: good, b: ("verify_cached", be.cursor(b), [1, 2, 3, 4])}),
+               kestrel.BatchWidthError, "M=4")
+    same_after(lambda: be.forward({a: good, c: ("step", 0, [1])}), kestrel.SlotError, "slot 2 is not in use")
+    same_after(lambda: be.forward({a: good, 7: ("step", 0, [1])}), kestrel.SlotError, "slot 7 does not exist")
+    same_after(lambda: be.forward({a: good, b: ("rewind", 0, [1])}), kestrel.KestrelError, "kind one of")
+    same_after(lambda: be.forward({}), kestrel.KestrelError, "non-empty")
+    same_after(lambda: be.slot(c), kestrel.SlotError, "not in use")
+    same_after(lambda: be.leave(c), kestrel.SlotError, "not in use")
+    same_after(lambda: be.forward({"0": good}), kestrel.SlotError, "a slot is an int")
+    be.forward({a: ("verify_checkpointed", be.cursor(a), [1, 2]), b: ("verify_cached", be.cursor(b), [4, 5, 6])})
+    same_after(lambda: be.select_checkpoint({a: 3}), kestrel.BatchWidthError, "n")
+    same_after(lambda: be.fold_cached({b: 1, a: 1}), kestrel.SnapshotError, "no cached verify is pending")
+    same_after(lambda: be.forward({a: ("step", be.cursor(a), [1])}), kestrel.SnapshotError, "pending")
+    be.select_checkpoint({a: 2})
+    be.fold_cached({b: 0})
+    with pytest.raises(kestrel.KestrelError, match="backend"):
+        class Fake:
+            name = "cuda"
+        m = kestrel.load("test-a", device="cpu")
+        m.be = Fake()
+        kestrel.BatchEngine(m, slots=2)
+
+
+def test_a_batch_dependent_order_breaks_it(tiny, rng, monkeypatch):
+    """The negative control: a projection whose summation order depends on how many rows share
+    the pass (K split into 1, 2 or 3 parts by the row count, as a GEMM picking its kernel by
+    shape would) makes a slot's logits in a mixed pass differ from the same call alone."""
+    def batch_dependent(x, w):
+        parts = 1 + x.shape[0] % 3
+        cut = np.linspace(0, x.shape[1], parts + 1).astype(int)
+        y = np.zeros((x.shape[0], w.shape[0]), np.float32)
+        for lo, hi in zip(cut[:-1], cut[1:]):
+            y += x[:, lo:hi] @ w[:, lo:hi].T
+        return y
+    monkeypatch.setattr(_linear, "linear", batch_dependent)
+    p1, p2 = _prompt(rng, tiny, 4, 8), _prompt(rng, tiny, 4, 8)
+    alone = kestrel.Engine(tiny, max_seq=32, mmax=3)
+    alone.prefill(p1)
+    ref = alone.step(alone.cursor, 7).logits
+    be = kestrel.BatchEngine(tiny, slots=2, max_seq=32, mmax=3)
+    a, _ = be.join(p1)
+    b, _ = be.join(p2)
+    got = be.forward({a: ("step", be.cursor(a), [7]), b: ("step", be.cursor(b), [1, 2])})[a].logits[0]
+    assert not np.array_equal(got, ref)
+    monkeypatch.undo()
+    be2 = kestrel.BatchEngine(tiny, slots=2, max_seq=32, mmax=3)
+    a, _ = be2.join(p1)
+    b, _ = be2.join(p2)
+    alone = kestrel.Engine(tiny, max_seq=32, mmax=3)
+    alone.prefill(p1)
+    got = be2.forward({a: ("step", be2.cursor(a), [7]), b: ("step", be2.cursor(b), [1, 2])})[a].logits[0]
+    assert np.array_equal(got, alone.step(alone.cursor, 7).logits)
