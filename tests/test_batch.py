@@ -261,3 +261,58 @@ def test_a_batch_dependent_order_breaks_it(tiny, rng, monkeypatch):
     alone.prefill(p1)
     got = be2.forward({a: ("step", be2.cursor(a), [7]), b: ("step", be2.cursor(b), [1, 2])})[a].logits[0]
     assert np.array_equal(got, alone.step(alone.cursor, 7).logits)
+
+
+# --------------------------------------------------------------------------- the batched drivers
+
+def test_batch_greedy_equals_generate_with_joins(tiny, rng):
+    """More prompts than slots (sequences join as others leave): every stream is its own
+    kestrel.generate stream."""
+    from kestrel import speculative as spec
+    prompts = [_prompt(rng, tiny, 2, 20) for _ in range(int(rng.integers(3, 7)))]
+    B = int(rng.integers(1, len(prompts) + 1))
+    T = int(rng.integers(4, 24))
+    g = spec.batch_greedy(tiny, prompts, T, slots=B)
+    assert g.streams == [kestrel.generate(tiny, p, T) for p in prompts]
+    assert g.slots == B and g.passes >= T - 1
+
+
+@pytest.mark.parametrize("policy", ["replay", "flex-replay", "checkpoint", "input-cache"])
+def test_batch_spec_is_each_sequence_alone(tiny, policy, rng):
+    """Every drafter (mtp, mtp-article, and replay with an acceptance schedule of its own per
+    sequence) at a random k: the batched run's streams are bit-exact, and each sequence's rounds
+    (k and n_ok, round by round) are those of its run_spec alone."""
+    from kestrel import speculative as spec
+    prompts = [_prompt(rng, tiny, 3, 16) for _ in range(int(rng.integers(3, 6)))]
+    T, k = int(rng.integers(8, 28)), int(rng.integers(1, 5))
+    B = int(rng.integers(1, len(prompts) + 1))
+    refs = [kestrel.generate(tiny, p, T) for p in prompts]
+    for drafter in ("mtp", "mtp-article", "replay"):
+        if drafter == "replay":
+            pairing = "trained" if rng.random() < 0.5 else "article"
+            lo = 1 if pairing == "trained" else 0
+            sched = [spec.Schedule(seq=[int(x) for x in rng.integers(lo, k + 1, 8)], pairing=pairing)
+                     for _ in prompts]
+            alone_sched = [spec.Schedule(seq=list(s.seq), pairing=pairing) for s in sched]
+        else:
+            sched = alone_sched = [None] * len(prompts)
+        r = spec.batch_spec(tiny, prompts, T, k=k, policy=policy, drafter=drafter, slots=B,
+                            schedules=None if drafter != "replay" else sched, references=refs)
+        assert r.bit_exact, (drafter, k, B)
+        for p, ref, sch, got in zip(prompts, refs, alone_sched, r.runs):
+            alone = spec.run_spec(tiny, p, T, k=k, policy=policy, drafter=drafter, schedule=sch,
+                                  reference=ref, greedy=False)
+            assert [(x.k, x.n_ok) for x in got.rounds] == [(x.k, x.n_ok) for x in alone.rounds], (drafter, k)
+
+
+def test_batch_drivers_refuse_bad_arguments(tiny):
+    from kestrel import speculative as spec
+    with pytest.raises(spec.SpecArgumentError, match="non-empty list"):
+        spec.batch_greedy(tiny, [], 4)
+    with pytest.raises(kestrel.KestrelError, match="slots"):
+        spec.batch_greedy(tiny, [[1, 2]], 4, slots=2)
+    with pytest.raises(spec.SpecArgumentError, match="one Schedule per prompt"):
+        spec.batch_spec(tiny, [[1, 2], [3, 4]], 4, k=2, drafter="replay", schedules=[spec.Schedule(seq=[1])],
+                        references=[[0] * 4, [0] * 4])
+    with pytest.raises(kestrel.TokenError):
+        spec.batch_spec(tiny, [[1, 2], [3, 999]], 4, k=2)

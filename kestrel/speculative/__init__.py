@@ -20,12 +20,15 @@
   acceptance spec.teacher_forced(model, prompt, T=64, depth=4, pairing='trained'|'article') (E16)
   adaptive   spec.run_spec(model, prompt, 64, k="auto", k_max=4, unit_costs=u): each round's k (0: a plain
              step) chosen from the unit costs and the acceptance seen so far (KChooser, adaptive.py)
+  batched    spec.batch_greedy(model, prompts, T, slots=B); spec.batch_spec(model, prompts, T, k, policy, drafter,
+             slots=B, references=...): many sequences on a BatchEngine, their verifies in one pass
   costs      u = spec.measure_unit_costs(model); spec.predict(u, policy, pairing, k, hist=|profile=|seq=);
              spec.compare(u, results)  (prediction for the runs' own rounds beside the measurement)
 """
 from .accept import Acceptance, check_depth, combine, implied_nok, teacher_forced
 from .adaptive import Choice, KChooser
 from .baseline import greedy_timed, reference_stream
+from .batched import BatchResult, batch_greedy, batch_spec
 from .control import mtp_cursor_control
 from .cost import Prediction, compare, equivalent_alpha, mean_nok, predict, predict_result, round_cost
 from .drafters import (DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, ReplayDrafter, draft_tokens,
@@ -47,7 +50,7 @@ from .units import K_VALUES, UnitCosts, check_measurement, edit_units, measure_u
 __all__ = [
     # the round
     "run_spec", "validate_run", "KChooser", "Choice", "RunArgs", "greedy_timed", "reference_stream", "default_starts", "Mistakes",
-    "TAILS", "mtp_cursor_control",
+    "TAILS", "mtp_cursor_control", "batch_greedy", "batch_spec", "BatchResult",
     # types
     "Policy", "Finalised", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "INPUT_CACHE", "recurrent_bytes",
     "cached_row_bytes", "Pairing", "PAIRINGS", "PAIRING_DOC",

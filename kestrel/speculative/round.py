@@ -34,6 +34,21 @@ from .records import RoundRecord
 TAILS = ("plain", "shrink")
 
 
+class RoundInFlight:
+    """A round between begin_round and end_round: its k, anchor p, the MTP cursor it started at,
+    the drafts, the verify's position and tokens, and its timed phases so far."""
+    __slots__ = ("be", "k", "p", "mcur", "drafts", "pos", "tokens", "ev", "names")
+
+    def __init__(self, be, k, p, mcur):
+        self.be, self.k, self.p, self.mcur = be, k, p, mcur
+        self.drafts = self.pos = self.tokens = None
+        self.ev, self.names = [be.now()], []
+
+    def lap(self, name):
+        self.ev.append(self.be.now())
+        self.names.append(name)
+
+
 class SpecRun:
     """One speculative decoding run on an engine that is fresh or reset.
 
@@ -52,18 +67,7 @@ class SpecRun:
         self.tail_tokens, self.tail_ms, self.tail_reason = 0, 0.0, ""
 
     def go(self):
-        be, eng, P = self.be, self.eng, len(self.prompt)
-        a = be.now()
-        s = eng.prefill(self.prompt)
-        b = be.now()
-        if self.chooser is None or self.chooser.can_pay:   # else nothing will be drafted: no MTP fill
-            self.d.start(eng, self.prompt, s.hidden)
-        c = be.now()
-        self.prefill_ms, self.mtp_fill_ms = be.elapsed_ms(a, b), be.elapsed_ms(b, c)
-        H = s.hidden
-        self.ctx = RoundCtx(p=P - 1, t_p=self.prompt[-1], h_p=H[P - 1], h_prev=H[max(P - 2, 0)],
-                            a_p=int(be.argmax(s.logits[P - 1])), emitted=0, P=P)
-        self._check_invariant()
+        self.start()
         while len(self.stream) < self.T:
             left = self.T - len(self.stream)
             if self.chooser is not None and not self.chooser.can_pay:
@@ -88,6 +92,23 @@ class SpecRun:
             self._round(kr)
         return self
 
+    def start(self, prefilled=None):
+        """Prefill the prompt (or take `prefilled`, the Step of a prefill already made, e.g. by a
+        BatchEngine's join), start the drafter, set the first anchor."""
+        be, eng, P = self.be, self.eng, len(self.prompt)
+        a = be.now()
+        s = eng.prefill(self.prompt) if prefilled is None else prefilled
+        b = be.now()
+        if self.chooser is None or self.chooser.can_pay:   # else nothing will be drafted: no MTP fill
+            self.d.start(eng, self.prompt, s.hidden)
+        c = be.now()
+        self.prefill_ms, self.mtp_fill_ms = be.elapsed_ms(a, b), be.elapsed_ms(b, c)
+        H = s.hidden
+        self.ctx = RoundCtx(p=P - 1, t_p=self.prompt[-1], h_p=H[P - 1], h_prev=H[max(P - 2, 0)],
+                            a_p=int(be.argmax(s.logits[P - 1])), emitted=0, P=P)
+        self._check_invariant()
+        return self
+
     # ---- the protocol's choices ------------------------------------------------------------------
     def snapshot_before_draft(self, eng) -> bool:
         """Nothing is marked before the draft: the drafts read the anchored MTP slot."""
@@ -107,25 +128,30 @@ class SpecRun:
 
     # ---- one round ---------------------------------------------------------------------------
     def _round(self, k):
-        be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
-        p = ctx.p
-        ev, names = [be.now()], []
+        r = self.begin_round(k)
+        s = self.policy.verify(self.eng, r.pos, r.tokens)
+        r.lap("verify")
+        self.end_round(r, s)
 
-        def lap(name):
-            ev.append(be.now())
-            names.append(name)
-
-        mcur = eng.mtp_cursor
+    def begin_round(self, k) -> "RoundInFlight":
+        """Steps 1-2 up to the verify: the draft and the policy's snapshot. -> the round, whose
+        pos and tokens the policy's verify takes (a BatchEngine runs it in a pass shared with
+        other sequences' rows); end_round(round, the verify's Step) finishes it."""
+        eng, ctx = self.eng, self.ctx
+        r = RoundInFlight(self.be, k, ctx.p, eng.mtp_cursor)
         if self.snapshot_before_draft(eng):
-            lap("mark")
-        drafts = self.d.draft(eng, ctx, k, eng.mtp_cursor if self.trusting else p)
-        lap("draft")
-        vpos, vtoks = self.verify_input(ctx, drafts, k)
+            r.lap("mark")
+        r.drafts = self.d.draft(eng, ctx, k, eng.mtp_cursor if self.trusting else ctx.p)
+        r.lap("draft")
+        r.pos, r.tokens = self.verify_input(ctx, r.drafts, k)
         if self.snapshot_before_verify(eng):
-            lap("mark")
-        s = policy.verify(eng, vpos, vtoks)
-        lap("verify")
+            r.lap("mark")
+        return r
 
+    def end_round(self, r: "RoundInFlight", s):
+        """Steps 3-7 given the verify's Step s: accept, emit, finalise, sync, the next anchor."""
+        be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
+        p, k, drafts, lap, ev, names, mcur = r.p, r.k, r.drafts, r.lap, r.ev, r.names, r.mcur
         rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
         drafts = draft_tokens(drafts)        # still on the device until now: read after the same wait
         n_ok = 1 if ctx.a_p == drafts[0] else 0

@@ -1,0 +1,199 @@
+"""Many sequences decoded at once on a BatchEngine (kestrel/batch.py): greedy, and speculative
+rounds whose verifies share one pass.
+
+    g = batch_greedy(model, prompts, T=64, slots=16)
+    r = batch_spec(model, prompts, T=64, k=3, policy="checkpoint", drafter="mtp", slots=16,
+                   references=g.streams)
+    r.bit_exact, r.tokens_per_s, r.passes
+
+Each sequence is an ordinary SpecRun (kestrel/speculative/round.py) on its slot's Engine: the
+same protocol, drafter and policy, so its stream is its own greedy stream. What the batch
+changes is where the verify runs: every running sequence begins its round (draft, snapshot),
+the policy's verify is recorded instead of run, and the verifies of all of them go through one
+BatchEngine.forward, whose projections read each weight once for every sequence's rows. Then
+each sequence ends its round (accept, emit, undo, sync). Sequences wait in a queue and join a
+free slot when one leaves (continuous batching in its simplest form).
+
+Run per slot, not shared across the batch (the next things to batch): the MTP draft chain, the
+replay policies' re-run of accepted rows after a rollback, the one step that consumes a_p when
+nothing was accepted (only the article's pairing has such rounds), and a strict policy's plain
+tail. Per-round times in a sequence's records include the other sequences' work in the shared
+pass; the batch's own clock (BatchResult.ms) is the one to read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import inputs
+from ..batch import BatchEngine
+from ..model import Model
+from .baseline import check_length, check_tokens
+from .driver import validate_run
+from .errors import SpecArgumentError
+from .records import SpecResult
+from .round import SpecRun
+
+
+@dataclass
+class BatchResult:
+    """A batched run: each sequence's stream (in the order of the prompts) and, for speculative
+    runs, its SpecResult; the batch's time and passes."""
+    kind: str                       # "greedy" or the policy's name
+    slots: int
+    T: int
+    streams: list
+    ms: float                       # decode time of the whole batch (after the first joins' prefills)
+    passes: int                     # BatchEngine.forward calls
+    runs: list = field(default_factory=list)       # SpecResult per sequence (speculative)
+    references: list | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s) for s in self.streams)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / (self.ms / 1e3) if self.ms > 0 else float("nan")
+
+    @property
+    def ms_per_token(self) -> float:
+        """Time per output token of one sequence: the batch's time over tokens per sequence."""
+        return self.ms / self.T
+
+    @property
+    def bit_exact(self) -> bool | None:
+        if self.references is None:
+            return None
+        return all(list(s) == list(r) for s, r in zip(self.streams, self.references))
+
+
+def _prompts(model, prompts) -> list:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise SpecArgumentError(f"prompts takes a non-empty list of token lists, got {prompts!r:.60}")
+    return [check_tokens(p, model, f"prompts[{i}]") for i, p in enumerate(prompts)]
+
+
+def _slots(slots, n: int) -> int:
+    return n if slots is None else inputs.count(slots, "slots", 1, n, "the number of prompts")
+
+
+def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine: BatchEngine | None = None) -> BatchResult:
+    """Greedy decoding of T tokens after each prompt, `slots` sequences at a time, one pass a
+    token for all of them (a sequence joins when one leaves)."""
+    if not isinstance(model, Model):
+        raise SpecArgumentError(f"model takes a kestrel Model (from kestrel.load), got {type(model).__name__}")
+    prompts = _prompts(model, prompts)
+    T = max(check_length(T, model, len(p)) for p in prompts)
+    B = _slots(slots, len(prompts))
+    need = max(len(p) for p in prompts) + T + 1
+    be = engine if engine is not None else BatchEngine(model, slots=B, max_seq=need, mmax=1)
+    streams = [[] for _ in prompts]
+    queue, running, passes = list(range(len(prompts))), {}, 0
+    clock = model.be
+    t0 = None
+    while queue or running:
+        while queue and len(be.active) < be.slots:
+            i = queue.pop(0)
+            slot, st = be.join(prompts[i])
+            running[slot] = (i, int(clock.argmax(st.logits[-1])))
+        if t0 is None:
+            t0 = clock.now()
+        calls = {}
+        for slot, (i, t) in running.items():
+            streams[i].append(t)
+            calls[slot] = ("step", be.cursor(slot), [t])
+        done = [slot for slot, (i, _) in running.items() if len(streams[i]) >= T]
+        for slot in done:                     # its last token needs no step
+            del calls[slot], running[slot]
+            be.leave(slot)
+        if calls:
+            out = be.forward(calls)
+            passes += 1
+            for slot, st in out.items():
+                running[slot] = (running[slot][0], int(clock.argmax(st.logits[0])))
+    ms = clock.elapsed_ms(t0, clock.now())
+    return BatchResult("greedy", be.slots, T, streams, ms, passes)
+
+
+class _VerifyCall:
+    """Stands in for an Engine in a policy's verify: records which entry the policy calls, at
+    which position, with which tokens (the batch then runs it in its shared pass)."""
+
+    def __init__(self):
+        self.call = None
+
+    def step_m(self, pos, tokens):
+        self.call = ("step", pos, tokens)
+
+    def verify_checkpointed(self, pos, tokens):
+        self.call = ("verify_checkpointed", pos, tokens)
+
+    def verify_cached(self, pos, tokens):
+        self.call = ("verify_cached", pos, tokens)
+
+
+def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", drafter="mtp", *,
+               slots: int | None = None, schedules=None, references=None, check: bool = True,
+               engine: BatchEngine | None = None) -> BatchResult:
+    """Speculative decoding of T tokens after each prompt with k drafts a round, `slots`
+    sequences at a time, their verifies in one pass. schedules: one spec.Schedule per prompt
+    for the replay drafter (each sequence its own acceptance), else None. references: each
+    prompt's greedy stream (the replay drafter needs them; every stream is checked against
+    them when given)."""
+    prompts = _prompts(model, prompts)
+    n = len(prompts)
+    if schedules is not None and (not isinstance(schedules, (list, tuple)) or len(schedules) != n):
+        raise SpecArgumentError(f"schedules takes one Schedule per prompt ({n}), got {schedules!r:.60}")
+    if references is not None and (not isinstance(references, (list, tuple)) or len(references) != n):
+        raise SpecArgumentError(f"references takes one stream per prompt ({n}), got {references!r:.60}")
+    args = [validate_run(model, p, T, k, policy, drafter, schedule=None if schedules is None else schedules[i],
+                         reference=None if references is None else references[i])
+            for i, p in enumerate(prompts)]
+    a0 = args[0]
+    B = _slots(slots, n)
+    need = max(a.need for a in args)
+    be = engine if engine is not None else BatchEngine(model, slots=B, max_seq=need, mmax=a0.k, batch=a0.policy.batch)
+    clock = model.be
+    queue, running, finished, passes, t0 = list(range(n)), {}, {}, 0, None
+    while queue or running:
+        while queue and len(be.active) < be.slots:
+            i = queue.pop(0)
+            a = args[i]
+            a.drafter.bind(model, a.reference)
+            a.drafter.reset()
+            slot, st = be.join(a.prompt)
+            run = SpecRun(model, be.slot(slot), a.drafter, a.prompt, a.T, a.k, a.policy, a.tail, check, False)
+            running[slot] = (i, run.start(prefilled=st))
+        if t0 is None:
+            t0 = clock.now()
+        rounds, calls = {}, {}
+        for slot, (i, run) in running.items():
+            left = run.T - len(run.stream)
+            if left < run.k and run.tail == "plain":
+                run._plain_tail(left)          # a strict policy finishes with plain steps (this slot alone)
+                continue
+            r = run.begin_round(min(run.k, left))
+            rec = _VerifyCall()
+            run.policy.verify(rec, r.pos, r.tokens)
+            rounds[slot], calls[slot] = r, rec.call
+        if calls:
+            out = be.forward(calls)
+            passes += 1
+            for slot, r in rounds.items():
+                r.lap("verify")
+                running[slot][1].end_round(r, out[slot])
+        for slot in [s for s, (_, run) in running.items() if len(run.stream) >= run.T]:
+            i, run = running.pop(slot)
+            finished[i] = run
+            be.leave(slot)
+    ms = clock.elapsed_ms(t0, clock.now())
+    runs = []
+    for i in range(n):
+        run, a = finished[i], args[i]
+        runs.append(SpecResult(model=model.cfg.name, device=getattr(clock, "device_name", clock.name), policy=a.policy,
+                               drafter=a.drafter.describe(), pairing=a.drafter.pairing, k=a.k, T=a.T,
+                               batch=a.policy.batch, tail_mode=a.tail, prompt=a.prompt, stream=run.stream[:a.T],
+                               reference=a.reference, rounds=run.records, tail_tokens=run.tail_tokens,
+                               tail_ms=run.tail_ms, tail_reason=run.tail_reason))
+    return BatchResult(a0.policy.name, be.slots, T, [r.stream for r in runs], ms, passes, runs,
+                       references=None if references is None else [list(x) for x in references])
