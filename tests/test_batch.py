@@ -316,3 +316,26 @@ def test_batch_drivers_refuse_bad_arguments(tiny):
                         references=[[0] * 4, [0] * 4])
     with pytest.raises(kestrel.TokenError):
         spec.batch_spec(tiny, [[1, 2], [3, 999]], 4, k=2)
+
+
+def test_batch_spec_mixed_policies_and_k(tiny, rng):
+    """One batch whose sequences each take their own flex policy, k and drafter: bit-exact, and
+    each sequence round for round as alone. A strict policy cannot share a batch."""
+    from kestrel import speculative as spec
+    n = 6
+    prompts = [_prompt(rng, tiny, 3, 16) for _ in range(n)]
+    pols = [["flex-replay", "checkpoint", "input-cache"][int(rng.integers(0, 3))] for _ in range(n)]
+    ks = [int(rng.integers(1, 5)) for _ in range(n)]
+    drs = [["mtp", "mtp-article"][int(rng.integers(0, 2))] for _ in range(n)]
+    T = 20
+    refs = [kestrel.generate(tiny, p, T) for p in prompts]
+    r = spec.batch_spec(tiny, prompts, T, k=ks, policy=pols, drafter=drs, slots=4, references=refs)
+    assert r.bit_exact and r.kind in ("mixed", pols[0])
+    for i, got in enumerate(r.runs):
+        alone = spec.run_spec(tiny, prompts[i], T, k=ks[i], policy=pols[i], drafter=drs[i], reference=refs[i],
+                              greedy=False)
+        assert [(x.k, x.n_ok) for x in got.rounds] == [(x.k, x.n_ok) for x in alone.rounds]
+    with pytest.raises(spec.SpecArgumentError, match="strict"):
+        spec.batch_spec(tiny, prompts[:2], T, k=2, policy=["replay", "checkpoint"], references=refs[:2])
+    with pytest.raises(spec.SpecArgumentError, match="one value per prompt"):
+        spec.batch_spec(tiny, prompts[:2], T, k=[2, 3, 4], references=refs[:2])

@@ -136,23 +136,38 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
                slots: int | None = None, schedules=None, references=None, check: bool = True,
                engine: BatchEngine | None = None) -> BatchResult:
     """Speculative decoding of T tokens after each prompt with k drafts a round, `slots`
-    sequences at a time, their verifies in one pass. schedules: one spec.Schedule per prompt
-    for the replay drafter (each sequence its own acceptance), else None. references: each
-    prompt's greedy stream (the replay drafter needs them; every stream is checked against
-    them when given)."""
+    sequences at a time, their verifies in one pass. policy, k and drafter: one for all, or a
+    list with one per prompt (a mixed batch; flex policies only). schedules: one spec.Schedule
+    per prompt for the replay drafter (each sequence its own acceptance), else None.
+    references: each prompt's greedy stream (the replay drafter needs them; every stream is
+    checked against them when given)."""
     prompts = _prompts(model, prompts)
     n = len(prompts)
-    if schedules is not None and (not isinstance(schedules, (list, tuple)) or len(schedules) != n):
-        raise SpecArgumentError(f"schedules takes one Schedule per prompt ({n}), got {schedules!r:.60}")
-    if references is not None and (not isinstance(references, (list, tuple)) or len(references) != n):
-        raise SpecArgumentError(f"references takes one stream per prompt ({n}), got {references!r:.60}")
-    args = [validate_run(model, p, T, k, policy, drafter, schedule=None if schedules is None else schedules[i],
-                         reference=None if references is None else references[i])
-            for i, p in enumerate(prompts)]
+    per = {}
+    for name, v in (("schedules", schedules), ("references", references), ("policy", policy), ("k", k),
+                    ("drafter", drafter)):
+        one_each = name in ("schedules", "references")        # a Schedule is stateful: never shared
+        if isinstance(v, (list, tuple)):
+            if len(v) != n:
+                raise SpecArgumentError(f"{name} takes one {'Schedule' if name == 'schedules' else 'value'} per "
+                                        f"prompt ({n}){'' if one_each else ' or one for all'}, got {len(v)}")
+            per[name] = list(v)
+        elif one_each and v is not None:
+            raise SpecArgumentError(f"{name} takes one {'Schedule' if name == 'schedules' else 'stream'} per prompt "
+                                    f"({n}), got {v!r:.60}")
+        else:
+            per[name] = [v] * n
+    args = [validate_run(model, p, T, per["k"][i], per["policy"][i], per["drafter"][i], schedule=per["schedules"][i],
+                         reference=per["references"][i]) for i, p in enumerate(prompts)]
     a0 = args[0]
+    modes = {a.policy.batch for a in args}
+    if "strict" in modes and len({(a.policy.name, a.k) for a in args}) > 1:
+        raise SpecArgumentError("a strict policy (replay) takes M == mmax rows: its sequences cannot share a "
+                                "batch with other policies or other k (use flex-replay)")
     B = _slots(slots, n)
     need = max(a.need for a in args)
-    be = engine if engine is not None else BatchEngine(model, slots=B, max_seq=need, mmax=a0.k, batch=a0.policy.batch)
+    be = engine if engine is not None else BatchEngine(model, slots=B, max_seq=need, mmax=max(a.k for a in args),
+                                                       batch=a0.policy.batch)
     clock = model.be
     queue, running, finished, passes, t0 = list(range(n)), {}, {}, 0, None
     while queue or running:
@@ -195,5 +210,6 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
                                batch=a.policy.batch, tail_mode=a.tail, prompt=a.prompt, stream=run.stream[:a.T],
                                reference=a.reference, rounds=run.records, tail_tokens=run.tail_tokens,
                                tail_ms=run.tail_ms, tail_reason=run.tail_reason))
-    return BatchResult(a0.policy.name, be.slots, T, [r.stream for r in runs], ms, passes, runs,
+    kind = a0.policy.name if len({a.policy.name for a in args}) == 1 else "mixed"
+    return BatchResult(kind, be.slots, T, [r.stream for r in runs], ms, passes, runs,
                        references=None if references is None else [list(x) for x in references])
