@@ -339,3 +339,23 @@ def test_batch_spec_mixed_policies_and_k(tiny, rng):
         spec.batch_spec(tiny, prompts[:2], T, k=2, policy=["replay", "checkpoint"], references=refs[:2])
     with pytest.raises(spec.SpecArgumentError, match="one value per prompt"):
         spec.batch_spec(tiny, prompts[:2], T, k=[2, 3, 4], references=refs[:2])
+
+
+def test_bench_batch_script_writes_its_table(tmp_path):
+    """scripts/bench_batch.py on the embedded model, a small grid: a results file naming device,
+    date and command, every stream bit-exact, one row per (B, greedy | policy, k)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.py"
+    spec_ = importlib.util.spec_from_file_location("bench_batch", path)
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "1", "3", "--k", "2",
+                    "--policies", "checkpoint", "input-cache", "--T", "12"])
+    d = json.loads(Path(out).read_text())
+    assert d["device"].startswith("CPU") and d["date"] and "bench_batch.py" in d["command"]
+    assert [(r["B"], r["mode"]) for r in d["rows"]] == [(1, "greedy"), (1, "checkpoint"), (1, "input-cache"),
+                                                       (3, "greedy"), (3, "checkpoint"), (3, "input-cache")]
+    assert all(r["bit_exact"] for r in d["rows"])
+    assert "| 3 | input-cache | 2 |" in (tmp_path / "bench_batch.md").read_text()

@@ -9,6 +9,7 @@
     undo.py       chapter 8's storage, traffic and timing of the three ways to undo
     primer.py     the back-of-envelope speedup of the primer chapter
     wiring.py     four wrong wirings of the MTP head, each bit-exact (chapter 4)
+    batching.py   greedy and the undo strategies at batch sizes B (chapter 9, scripts/bench_batch.py)
     diagrams/     the mechanism drawn by code: round timelines, the state ring, the cursors
     widgets/      the live replay and the cost explorer, each with a static twin
 

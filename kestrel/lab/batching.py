@@ -1,0 +1,77 @@
+"""Many sequences at once, measured (chapter 9, scripts/bench_batch.py): greedy and every undo
+strategy at batch sizes B, each sequence replaying its own acceptance draws.
+
+    rows = batching.sweep(model, Bs=(1, 4, 16), policies=("checkpoint", "input-cache"), ks=(3,))
+
+Each row: B, the mode (greedy or a policy), k, tokens/s of the whole batch, ms per output token
+of one sequence, the speedup over greedy at the same B, whether every stream was bit-exact,
+the recurrent-state bytes the policy moved per round (its own account, policy.state_traffic,
+summed over the rounds actually run) and the bytes it holds beside the live state, for all B
+sequences. Drafts come from the replay drafter (the real MTP steps are run and paid for; the
+acceptance is forced), each sequence with its own random draws of one per-depth profile, so the
+sequences of a batch accept differently, round by round.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kestrel import speculative as spec
+from kestrel.speculative.policy import Policy, recurrent_bytes
+
+
+def prompts_for(model, B: int, length: int = 16, seed: int = 0) -> list:
+    """B random prompts of `length` tokens (the embedded model: its six starts, cycled, first)."""
+    rng = np.random.default_rng(seed)
+    if model.cfg.vocab_size == 256:
+        starts = [p for _, p in spec.default_starts(model)]
+        return [list(starts[i % len(starts)]) + [int(t) for t in rng.integers(32, 127, i // len(starts))]
+                for i in range(B)]
+    return [[int(t) for t in rng.integers(0, model.cfg.vocab_size, length)] for _ in range(B)]
+
+
+def held_bytes(cfg, policy: str, k: int, B: int) -> int:
+    """Recurrent-state bytes B sequences hold: the live state, and what the policy keeps beside
+    it for a round of k drafts (per-row checkpoints, cached inputs, a snapshot)."""
+    return B * (recurrent_bytes(cfg) + Policy.parse(policy).state_traffic(cfg, k, 0)["kept"])
+
+
+def moved_bytes_per_round(cfg, run) -> float:
+    """The policy's own account of recurrent-state bytes read + written, per round of `run`."""
+    if not run.rounds:
+        return 0.0
+    tot = 0
+    for r in run.rounds:
+        t = run.policy.state_traffic(cfg, r.k, r.n_ok)
+        tot += t["read"] + t["written"]
+    return tot / len(run.rounds)
+
+
+def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache"), ks=(2, 3, 4), T: int = 32,
+          profile=spec.E16_PROFILE, pairing: str = "trained", prompt_len: int = 16, seed: int = 0, log=None) -> list:
+    """The table above, one row per (B, greedy | policy, k)."""
+    rows = []
+    for B in Bs:
+        prompts = prompts_for(model, B, prompt_len, seed)
+        spec.batch_greedy(model, prompts[:1], min(T, 4))                 # warm-up
+        g = spec.batch_greedy(model, prompts, T, slots=B)
+        rows.append({"B": B, "mode": "greedy", "k": 0, "tokens_per_s": g.tokens_per_s, "ms_per_token": g.ms_per_token,
+                     "speedup": 1.0, "bit_exact": True, "moved_per_round": None,
+                     "held_bytes": B * recurrent_bytes(model.cfg), "passes": g.passes})
+        if log:
+            log(f"B={B:4d} greedy        {g.tokens_per_s:10.1f} tokens/s  {g.ms_per_token:8.3f} ms/token")
+        for policy in policies:
+            for k in ks:
+                scheds = [spec.Schedule(profile=profile, pairing=pairing, seed=seed + 1 + i) for i in range(B)]
+                r = spec.batch_spec(model, prompts, T, k=k, policy=policy, drafter="replay", slots=B,
+                                    schedules=scheds, references=g.streams)
+                rows.append({"B": B, "mode": policy, "k": k, "tokens_per_s": r.tokens_per_s,
+                             "ms_per_token": r.ms_per_token, "speedup": g.ms / r.ms, "bit_exact": bool(r.bit_exact),
+                             "moved_per_round": float(np.mean([moved_bytes_per_round(model.cfg, x) for x in r.runs])),
+                             "held_bytes": held_bytes(model.cfg, policy, k, B), "passes": r.passes,
+                             "tokens_per_round": float(np.mean([(T - x.tail_tokens) / max(1, len(x.rounds))
+                                                                for x in r.runs]))})
+                if log:
+                    x = rows[-1]
+                    log(f"B={B:4d} {policy:12s} k={k} {x['tokens_per_s']:10.1f} tokens/s  {x['ms_per_token']:8.3f} "
+                        f"ms/token  {x['speedup']:.2f}x  bit-exact {x['bit_exact']}")
+    return rows
