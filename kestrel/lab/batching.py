@@ -13,7 +13,11 @@ sequences of a batch accept differently, round by round.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
+
+from kestrel.ops import linear as _linear
 
 from kestrel import speculative as spec
 from kestrel.speculative.policy import Policy, recurrent_bytes
@@ -75,3 +79,24 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
                     log(f"B={B:4d} {policy:12s} k={k} {x['tokens_per_s']:10.1f} tokens/s  {x['ms_per_token']:8.3f} "
                         f"ms/token  {x['speedup']:.2f}x  bit-exact {x['bit_exact']}")
     return rows
+
+
+@contextlib.contextmanager
+def order_depends_on_batch():
+    """The negative control (chapter 9): while open, the CPU projection sums each dot product
+    as 1, 2 or 3 partial sums, chosen by how many rows share the call (as a GEMM library picking
+    its kernel by shape does), so a row's bits depend on the batch."""
+    right = _linear.linear
+
+    def by_batch(x, w):
+        parts = 1 + x.shape[0] % 3
+        cut = np.linspace(0, x.shape[1], parts + 1).astype(int)
+        y = np.zeros((x.shape[0], w.shape[0]), np.float32)
+        for lo, hi in zip(cut[:-1], cut[1:]):
+            y += x[:, lo:hi] @ w[:, lo:hi].T
+        return y
+    _linear.linear = by_batch
+    try:
+        yield
+    finally:
+        _linear.linear = right
