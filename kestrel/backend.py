@@ -119,7 +119,7 @@ class CPUBackend:
             x = [int(toks[j]) if forced is None else int(forced[j])]
         return toks, hs
 
-    def run_batch(self, model, prog, calls: list) -> list:
+    def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
         """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
         calls = [(DeviceState, tokens [m_i], pos_i, gdn_mode_i)]. The row-wise ops (embed, norms,
         projections) run once over every call's rows stacked; the ops with state (GDN,
@@ -133,9 +133,35 @@ class CPUBackend:
             segs.append(Segment(st, pos, lo, lo + len(t), gdn_mode))
             lo += len(t)
         env = {"tokens": np.concatenate(toks)}
+        if hids is not None:           # the MTP program's main-model hidden rows, one block per call
+            env["hid"] = np.ascontiguousarray(np.concatenate([np.asarray(h, np.float32).reshape(len(t), -1)
+                                                              for h, t in zip(hids, toks)]))
         self.execute_segments(model, prog, prog.ops, env, segs)
         h, lg = env.get(prog.hidden), env.get(prog.logits)
         return [(h[s.lo:s.hi], lg[s.lo:s.hi]) for s in segs]
+
+    def mtp_chain_batch(self, model, prog, chains: list) -> list:
+        """Several sequences' draft chains in lockstep, row j of every chain in one pass:
+        chains = [(DeviceState, token, hid [1, D], pos, k, forced, fill)] as mtp_chain takes them
+        -> [(tokens [k], hiddens [k, D])], each bit-identical to its mtp_chain alone."""
+        outs, cur = [], []
+        for st, token, hid, pos, k, forced, fill in chains:
+            x, h = [token], np.asarray(hid, np.float32).reshape(1, -1)
+            if fill is not None:
+                x, h = [int(t) for t in fill[0]] + x, np.concatenate([np.asarray(fill[1], np.float32), h])
+            outs.append((np.empty(k, np.int64), np.empty((k, model.cfg.hidden_size), np.float32)))
+            cur.append([x, h, pos])
+        for j in range(max(c[4] for c in chains)):
+            live = [i for i, c in enumerate(chains) if j < c[4]]
+            res = self.run_batch(model, prog, [(chains[i][0], cur[i][0], cur[i][2], "in_place") for i in live],
+                                 hids=[cur[i][1] for i in live])
+            for i, (h, lg) in zip(live, res):
+                forced = chains[i][5]
+                cur[i][2] += len(cur[i][0])
+                t = self.argmax(lg[-1])
+                outs[i][0][j], outs[i][1][j] = t, h[-1]
+                cur[i][0], cur[i][1] = [int(t) if forced is None else int(forced[j])], h[-1:]
+        return outs
 
     def fold(self, model, prog, st, n: int):
         """The fold program over the first n cached GDN input rows, in place."""

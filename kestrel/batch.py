@@ -14,8 +14,9 @@ takes rows for any subset of the slots, each at its own position, and each as a 
 ("step": M rows in place, as Engine.step_m), a checkpointed verify or a cached verify; the
 model runs them as one pass (Model.forward_batch): the projections read each weight once for
 all the rows, the GDN and attention layers run each slot's rows on that slot's state.
-`select_checkpoint` and `fold_cached` take one n per slot. Everything else a slot does on its
-own (mark, rollback, the MTP entries, mtp_truncate) is its Engine's: `be.slot(i)`.
+`select_checkpoint` and `fold_cached` take one n per slot; `mtp_draft` runs every slot's draft
+chain in lockstep, row j of all of them in one pass of the MTP head. Everything else a slot does
+on its own (mark, rollback, mtp_step, mtp_fill, mtp_truncate) is its Engine's: `be.slot(i)`.
 
 Bits. Every op either works row by row (embedding, norms, SwiGLU, residual adds, and the
 projections, which compute each row on its own: kestrel/ops/linear.py) or on one slot's rows
@@ -32,6 +33,8 @@ Backends: the CPU runs the pass as above. The CUDA backend has no batched launch
 (its plans are captured per engine and per row count): a BatchEngine on it is refused.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from . import inputs
 from .engine import Engine, Step
@@ -124,6 +127,37 @@ class BatchEngine:
             eng._advance(len(toks))
             result[s] = Step(h, lg)
         return result
+
+    def mtp_draft(self, calls: dict) -> dict:
+        """calls: {slot: (pos, token, hidden, k)} or (pos, token, hidden, k, forced, fill_tokens,
+        fill_hidden), as Engine.mtp_draft takes them: every slot's draft chain at once, row j of
+        every chain in one pass of the MTP head -> {slot: Draft}, each bit-identical to the
+        slot's Engine.mtp_draft alone."""
+        if not isinstance(calls, dict) or not calls:
+            raise KestrelError(f"mtp_draft: takes a non-empty dict {{slot: (pos, token, hidden, k)}}, got {calls!r:.60}")
+        plan = []
+        for s, call in sorted((self._slot(slot, "mtp_draft"), call) for slot, call in calls.items()):
+            if not (isinstance(call, tuple) and len(call) in (4, 7)):
+                raise KestrelError(f"mtp_draft: slot {s} takes (pos, token, hidden, k[, forced, fill_tokens, "
+                                   f"fill_hidden]), got {call!r:.60}")
+            plan.append((s, self._engines[s]._mtp_draft_args(*call, *((None,) * (7 - len(call))))))
+        drafts = {}
+        for s, args in plan:                    # every slot checked: now the cursors move
+            pos, _, _, k, _, fill = args
+            drafts[s] = (args, self._engines[s]._drafted(pos, k, fill, np.zeros(k, np.int64), None))
+        self.run_drafts(drafts)
+        return {s: d for s, (_, d) in drafts.items()}
+
+    def run_drafts(self, pending: dict):
+        """Run draft chains already checked and recorded: {slot: (Engine._mtp_draft_args' tuple,
+        the Draft to fill)}, all in lockstep (Model.mtp_draft_batch)."""
+        order = sorted(pending)
+        chains = []
+        for s in order:
+            pos, tok, hid, k, forced, fill = pending[s][0]
+            chains.append((self._engines[s].state, tok, hid, pos, k, forced, fill))
+        for s, (toks, hs) in zip(order, self.model.mtp_draft_batch(chains)):
+            pending[s][1]._fill(toks, hs)
 
     def _accepts(self, ns: dict, kind: str, what: str) -> dict:
         if not isinstance(ns, dict) or not ns:

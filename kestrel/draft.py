@@ -52,6 +52,11 @@ class Draft:
     def __len__(self) -> int:
         return len(self._host) if self._host is not None else int(self._dev.shape[0])
 
+    def _fill(self, tokens, hidden):
+        """Set the chain's outputs of a Draft made before its chain ran (a batched engine runs
+        several sequences' chains together, after each round has been begun)."""
+        self._dev, self._host, self.hidden = tokens, None, hidden
+
     @property
     def tokens(self) -> list:
         if self._host is None:

@@ -277,6 +277,19 @@ class Engine:
         pass, with the bits mtp_fill(pos, fill_tokens, fill_hidden) would write (the rows a round
         confirmed); the chain's rows are then pos+m..pos+m+k-1. Without them, pos..pos+k-1.
         pos == MTP cursor either way."""
+        pos, tok, hid, k, forced, fill = self._mtp_draft_args(pos, token, hidden, k, forced, fill_tokens, fill_hidden)
+        t, h = self.model.mtp_draft(tok, hid, pos, k, self.state, forced, fill)
+        return self._drafted(pos, k, fill, t, h)
+
+    def _drafted(self, pos, k, fill, tokens, hidden) -> Draft:
+        """After a chain of k rows at pos (fill rows first): the MTP cursor moved, the Draft."""
+        self._mtp_cursor = pos + (0 if fill is None else len(fill[0])) + k
+        d = Draft(tokens, hidden, owner=self)
+        d.chained_by = self          # its device tokens are this engine's argmax rows: a verify may trust them
+        return d
+
+    def _mtp_draft_args(self, pos, token, hidden, k, forced, fill_tokens, fill_hidden) -> tuple:
+        """Validate an mtp_draft call (no state touched): (pos, token, hidden [1, D], k, forced, fill)."""
         if not self.model.has_mtp:
             raise KestrelError("mtp_draft: this model has no MTP head (mtp_num_hidden_layers = 0)")
         if not _is_single(token):
@@ -302,11 +315,7 @@ class Engine:
             forced = self._tokens(forced, "mtp_draft: forced")
             if len(forced) != k:
                 raise TokenError(f"mtp_draft: forced holds {len(forced)} tokens, the chain has k={k} rows")
-        t, h = self.model.mtp_draft(int(toks[0]), hid, pos, k, self.state, forced, fill)
-        self._mtp_cursor = pos + m + k
-        d = Draft(t, h, owner=self)
-        d.chained_by = self          # its device tokens are this engine's argmax rows: a verify may trust them
-        return d
+        return pos, int(toks[0]), hid, k, forced, fill
 
     def mtp_fill(self, pos, token, hidden) -> None:
         """Write the MTP head's KV rows pos..pos+M-1 (pos == MTP cursor) bit for bit as mtp_step

@@ -42,6 +42,11 @@ class Model:
         call's forward() alone (kestrel/batch.py)."""
         return self.be.run_batch(self, self.main_prog, calls)
 
+    def mtp_draft_batch(self, chains: list) -> list:
+        """Several sequences' draft chains at once: chains = [(state, token, hidden [1, D], pos, k,
+        forced, fill)] -> [(tokens [k], hiddens [k, D])], each as mtp_draft alone (kestrel/batch.py)."""
+        return self.be.mtp_chain_batch(self, self.mtp_prog, chains)
+
     def fold(self, n: int, state):
         """Run the first n rows of the last cached verify's GDN inputs into the live state, in
         place: S and hist become exactly what n plain steps would have left."""

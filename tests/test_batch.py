@@ -302,7 +302,8 @@ def test_batch_spec_is_each_sequence_alone(tiny, policy, rng):
         for p, ref, sch, got in zip(prompts, refs, alone_sched, r.runs):
             alone = spec.run_spec(tiny, p, T, k=k, policy=policy, drafter=drafter, schedule=sch,
                                   reference=ref, greedy=False)
-            assert [(x.k, x.n_ok) for x in got.rounds] == [(x.k, x.n_ok) for x in alone.rounds], (drafter, k)
+            assert [(x.k, x.n_ok, x.drafts) for x in got.rounds] == \
+                [(x.k, x.n_ok, x.drafts) for x in alone.rounds], (drafter, k)
 
 
 def test_batch_drivers_refuse_bad_arguments(tiny):
@@ -334,7 +335,7 @@ def test_batch_spec_mixed_policies_and_k(tiny, rng):
     for i, got in enumerate(r.runs):
         alone = spec.run_spec(tiny, prompts[i], T, k=ks[i], policy=pols[i], drafter=drs[i], reference=refs[i],
                               greedy=False)
-        assert [(x.k, x.n_ok) for x in got.rounds] == [(x.k, x.n_ok) for x in alone.rounds]
+        assert [(x.k, x.n_ok, x.drafts) for x in got.rounds] == [(x.k, x.n_ok, x.drafts) for x in alone.rounds]
     with pytest.raises(spec.SpecArgumentError, match="strict"):
         spec.batch_spec(tiny, prompts[:2], T, k=2, policy=["replay", "checkpoint"], references=refs[:2])
     with pytest.raises(spec.SpecArgumentError, match="one value per prompt"):
@@ -359,3 +360,41 @@ def test_bench_batch_script_writes_its_table(tmp_path):
                                                        (3, "greedy"), (3, "checkpoint"), (3, "input-cache")]
     assert all(r["bit_exact"] for r in d["rows"])
     assert "| 3 | input-cache | 2 |" in (tmp_path / "bench_batch.md").read_text()
+
+
+def test_batched_draft_chains_are_each_chain_alone(tiny, rng):
+    """BatchEngine.mtp_draft: chains of different lengths, with and without fill rows and forced
+    tokens, at different MTP cursors, in lockstep: each Draft's tokens and hiddens and each
+    slot's MTP cache bit-identical to that slot's chain on an Engine alone; a bad call for one
+    slot changes no slot."""
+    be = kestrel.BatchEngine(tiny, slots=4, max_seq=64, mmax=4)
+    alone, calls = {}, {}
+    for i in range(4):
+        p = _prompt(rng, tiny, 4, 14)
+        s, st = be.join(p)
+        e = kestrel.Engine(tiny, max_seq=64, mmax=4)
+        e.prefill(p)
+        P, m = len(p), int(rng.integers(0, 3))
+        for eng in (be.slot(s), e):
+            eng.mtp_fill(0, p[1:P - m], st.hidden[:P - 1 - m])
+        k = int(rng.integers(1, 5))
+        call = (P - 1 - m, int(np.argmax(st.logits[-1])), st.hidden[-1], k)
+        if m:
+            call += (None if rng.random() < 0.5 else [int(t) for t in rng.integers(0, 256, k)],
+                     p[P - m:], st.hidden[P - 1 - m:P - 1])
+        calls[s], alone[s] = call, e
+    got = be.mtp_draft(calls)
+    for s, e in alone.items():
+        d = e.mtp_draft(*calls[s])
+        assert got[s].tokens == d.tokens and np.array_equal(got[s].hidden, d.hidden)
+        assert be.slot(s).mtp_cursor == e.mtp_cursor
+        assert np.array_equal(be.slot(s).state.mtp_kc, e.state.mtp_kc)
+    before = be.snapshot_state()
+    bad = {s: (be.slot(s).mtp_cursor, 1, np.ones(tiny.cfg.hidden_size, np.float32), 2) for s in be.active}
+    bad[max(bad)] = (0, 1, np.ones(tiny.cfg.hidden_size, np.float32), 2)          # not the MTP cursor
+    with pytest.raises(kestrel.CursorError, match="MTP cursor"):
+        be.mtp_draft(bad)
+    after = be.snapshot_state()
+    for i in range(be.slots):
+        for key, v in before[i].items():
+            assert (np.array_equal(v, after[i][key]) if isinstance(v, np.ndarray) else v == after[i][key]), (i, key)

@@ -18,14 +18,19 @@ run, and a run whose first drafts all miss stops drafting after a round or two, 
 
 The costs, as measured. Unit costs price the device's work; a round also pays the host's (the
 Python of the round, the reads), which on a launch-bound shape is a large part of it. So the
-chooser keeps one more moving average for drafted rounds and one for plain steps: each measured
-time over what the cost model predicted for it. Predictions are scaled by them.
+chooser keeps moving averages of each measured time over what the cost model predicted for it:
+one for plain steps, one for drafted rounds, and one for the rounds of each k (the model can
+misprice one k against another: on a CPU it made k = 3 look cheaper than it was). A k's
+prediction is scaled by its own average once a round of it has been measured, else by the
+drafted rounds' one.
 
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
 updates the estimate); a probe after which a plain step still wins doubles the gap (up to
 PROBE_GAP_MAX), any other drafted round resets it. A round that accepts all its drafts counts as a
-hit one depth further too, so the estimate can climb to a k it has not tried. With perfect drafts (every rate 1) a round that
+hit one depth further too, so the estimate can climb to a k it has not tried (or not tried for
+CLIMB_AFTER drafted rounds: a depth judged recently keeps the rate its own rounds measured, else
+every all-accepted round of a smaller k would pull it up). With perfect drafts (every rate 1) a round that
 still cannot beat a step (at the measured scales) is never tried again: where speculation cannot
 pay at all (the tiny model on a GPU), the run becomes plain greedy decoding.
 
@@ -47,6 +52,7 @@ HYSTERESIS = 0.03       # a drafted round keeps the last k unless another is pre
 PRIOR = 0.5             # the rate assumed for a depth before any round reached it
 PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
+CLIMB_AFTER = 8         # drafted rounds after a depth was last judged before all-accepted rounds climb to it
 
 
 @dataclass
@@ -86,9 +92,12 @@ class KChooser:
                                     f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
         self.alphas = [prior] * self.pairing.judged_depths(k_max)
         self.seen = [1] * len(self.alphas)          # observations behind each rate (the prior counts as one)
+        self.judged_at = [None] * len(self.alphas)  # the round that last judged each depth itself
+        self.rounds = 0
         self.step_ms = units.greedy_ms_per_token
         self.best_case = min(self._ms(k, (1.0,) * len(self.alphas)) for k in self.ks)
         self.scale = {"round": 1.0, "plain": 1.0}  # measured / predicted, moving averages
+        self.kscale = {}                             # k -> measured / predicted of rounds of that k
         self.measured = {"round": 0, "plain": 0}   # rounds behind each
         self.can_pay = self.best_case < self.step_ms     # with every draft accepted, some k beats a step
         self.gap, self.plain_run = probe_gap, 0
@@ -103,7 +112,8 @@ class KChooser:
         """k -> predicted ms per token under the current estimate (0: a plain step)."""
         if self._pred is None:
             r = self.scale["round"]
-            self._pred = {0: self.step_ms * self.scale["plain"], **{k: self._ms(k, self.alphas) * r for k in self.ks}}
+            self._pred = {0: self.step_ms * self.scale["plain"],
+                          **{k: self._ms(k, self.alphas) * self.kscale.get(k, r) for k in self.ks}}
         return self._pred
 
     def choose(self, left: int) -> int:
@@ -126,15 +136,19 @@ class KChooser:
     def observe(self, k: int, n_ok: int):
         """A drafted round of k that accepted n_ok: update each depth it judged. A round that
         accepted every draft also counts as a hit one depth further (acceptance at one depth goes
-        with acceptance at the next), so the estimate can climb to a k it has not tried yet."""
+        with acceptance at the next) when that depth has not been judged for CLIMB_AFTER rounds,
+        so the estimate can climb to a k it has not tried lately."""
         choice = self.trace[-1] if self.trace else None
         first, judged = self.pairing.min_nok, self.pairing.judged_depths(k)
         for j in range(judged):
             if first + j > n_ok:            # not reached: an earlier draft missed
                 break
             self._update(j, 1.0 if first + j < n_ok else 0.0)
-        if n_ok == k and judged < len(self.alphas):
+            self.judged_at[j] = self.rounds
+        last = self.judged_at[judged] if judged < len(self.alphas) else None
+        if n_ok == k and judged < len(self.alphas) and (last is None or self.rounds - last > CLIMB_AFTER):
             self._update(judged, 1.0)
+        self.rounds += 1
         self._pred = None
         pred = self.predicted()
         if choice is not None and choice.reason == "probe" and min(pred, key=pred.get) == 0:
@@ -164,6 +178,9 @@ class KChooser:
             first = self.measured[kind] == 0
             self.scale[kind] += (1.0 if first else self.weight) * (ms / pred - self.scale[kind])
             self.measured[kind] += 1
+            if k:                       # each k's own scale: the cost model can misprice one k against another
+                ks = self.kscale.get(k)
+                self.kscale[k] = ms / pred if ks is None else ks + self.weight * (ms / pred - ks)
         self._pred = None
         both = min(self.measured.values()) >= 1      # one scale alone says nothing about the other
         if self.can_pay and both and self.best_case * self.scale["round"] >= self.step_ms * self.scale["plain"]:

@@ -14,15 +14,19 @@ BatchEngine.forward, whose projections read each weight once for every sequence'
 each sequence ends its round (accept, emit, undo, sync). Sequences wait in a queue and join a
 free slot when one leaves (continuous batching in its simplest form).
 
-Run per slot, not shared across the batch (the next things to batch): the MTP draft chain, the
-replay policies' re-run of accepted rows after a rollback, the one step that consumes a_p when
-nothing was accepted (only the article's pairing has such rounds), and a strict policy's plain
-tail. Per-round times in a sequence's records include the other sequences' work in the shared
+The draft chains are batched too: each sequence's drafter records its chain (a _DeferredDrafts
+stands in for its engine), and the batch runs every chain in lockstep, row j of all of them in
+one pass of the MTP head (BatchEngine.run_drafts), before the shared verify. Still run per slot,
+not shared across the batch: the replay policies' re-run of accepted rows after a rollback, the
+one step that consumes a_p when nothing was accepted (only the article's pairing has such
+rounds), the rows mtp_fill writes, and a strict policy's plain tail. Per-round times in a sequence's records include the other sequences' work in the shared
 pass; the batch's own clock (BatchResult.ms) is the one to read.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .. import inputs
 from ..batch import BatchEngine
@@ -115,6 +119,28 @@ def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine
     return BatchResult("greedy", be.slots, T, streams, ms, passes)
 
 
+class _DeferredDrafts:
+    """Stands in for a slot's Engine in a sequence's SpecRun: mtp_draft is checked and recorded,
+    and its Draft filled when the batch runs every sequence's chain together (so a drafter must
+    not read its drafts before the verify; the protocol's drafters do not); everything else is
+    the Engine's own."""
+
+    def __init__(self, eng):
+        self._eng = eng
+        self.recorded = None            # (the checked arguments, the Draft) of this round's chain
+
+    def __getattr__(self, name):
+        return getattr(self._eng, name)
+
+    def mtp_draft(self, pos, token, hidden, k, forced=None, fill_tokens=None, fill_hidden=None):
+        if self.recorded is not None:
+            raise SpecArgumentError("a batched round drafts one chain per sequence")
+        args = self._eng._mtp_draft_args(pos, token, hidden, k, forced, fill_tokens, fill_hidden)
+        d = self._eng._drafted(args[0], args[3], args[5], np.zeros(args[3], np.int64), None)
+        self.recorded = (args, d)
+        return d
+
+
 class _VerifyCall:
     """Stands in for an Engine in a policy's verify: records which entry the policy calls, at
     which position, with which tokens (the batch then runs it in its shared pass)."""
@@ -177,7 +203,8 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
             a.drafter.bind(model, a.reference)
             a.drafter.reset()
             slot, st = be.join(a.prompt)
-            run = SpecRun(model, be.slot(slot), a.drafter, a.prompt, a.T, a.k, a.policy, a.tail, check, False)
+            run = SpecRun(model, _DeferredDrafts(be.slot(slot)), a.drafter, a.prompt, a.T, a.k, a.policy, a.tail,
+                          check, False)
             running[slot] = (i, run.start(prefilled=st))
         if t0 is None:
             t0 = clock.now()
@@ -188,9 +215,19 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
                 run._plain_tail(left)          # a strict policy finishes with plain steps (this slot alone)
                 continue
             r = run.begin_round(min(run.k, left))
+            rounds[slot] = r
+        drafts = {}
+        for slot in rounds:                     # every sequence's chain, row j of all in one pass
+            eng = running[slot][1].eng
+            if eng.recorded is not None:
+                drafts[slot], eng.recorded = eng.recorded, None
+        if drafts:
+            be.run_drafts(drafts)
+        for slot, r in rounds.items():
+            run = running[slot][1]
             rec = _VerifyCall()
             run.policy.verify(rec, r.pos, r.tokens)
-            rounds[slot], calls[slot] = r, rec.call
+            calls[slot] = rec.call
         if calls:
             out = be.forward(calls)
             passes += 1
