@@ -368,3 +368,27 @@ def test_committed_results_load_as_run_summaries():
     fig = widgets.cost_explorer_static(spec.UnitCosts.from_dict(large["units"]), measured=large["runs"],
                                        greedy_ms_per_token=large["greedy_ms_per_token"], alphas=[0.5, 1.0])
     assert len(fig.data[-1].x) == len(large["runs"])
+
+
+def test_batch_explorer(tiny):
+    """Chapter 9's widget: 'press Run' before the first run; Run measures greedy and the chosen
+    policy at B (every stream bit-exact), the status names that run and its numbers are the
+    figure's; a control changed afterwards is announced; a second run adds its points."""
+    w = widgets.batch_explorer(tiny, device="cpu", B=2, k=2, policy="checkpoint", T=8)
+    app = w.app
+    assert repr(w).startswith("batch_explorer: a live widget") and "live kernel" in repr(w)
+    assert app.views["batch"].figure is None and "press <b>Run</b>" in app.status.value
+    app.button.click()
+    assert app.error is None and [r["mode"] for r in app.rows] == ["greedy", "checkpoint"]
+    assert all(r["bit_exact"] for r in app.rows) and "bit-exact: True" in app.status.value
+    fig = app.views["batch"].figure
+    ys = {t.name: list(t.y) for t in fig.data}
+    assert f"{ys['greedy'][0]:.0f} tokens/s" in app.status.value
+    assert f"checkpoint {ys['checkpoint, k = 2'][0]:.0f} tokens/s" in app.status.value
+    app.controls["B"].value = 4
+    assert "changed — press Run" in app.status.value and "B = 2" in app.status.value
+    app.button.click()
+    assert sorted((r["B"], r["mode"]) for r in app.rows) == [(2, "checkpoint"), (2, "greedy"),
+                                                             (4, "checkpoint"), (4, "greedy")]
+    assert "changed" not in app.status.value and "B = 4" in app.status.value
+    assert len(app.views["batch"].figure.data[0].x) == 2

@@ -9,6 +9,7 @@ figures with frames, ``replay_frames_figure`` and ``cost_explorer_static``, with
     w = widgets.spec_replay()                 # live: choose shape, k, T, start, drafter, policy; Run
     w.app.run()                               # the same, from code (w.app.result: the SpecResult)
     c = widgets.cost_explorer(u)              # live: alpha_1..4, k, unit costs, policy -> predicted speedup
+    b = widgets.batch_explorer()              # live: B, k, policy -> tokens/s against greedy at that B (chapter 9)
 
     widgets.hist_figure([r1, r2])             # n_ok histograms (SpecResults, RunSummaries, dicts, strings)
     widgets.phase_figure([r1, r2, r3])        # stacked ms/token per phase, greedy (same run) as reference
@@ -30,7 +31,8 @@ RunSummary.from_dict) or a spec.Prediction (see runs.py).
   repeats.py        repeated runs: median and range of every small-model timing
   cache.py          models and engines kept between widget runs
   view.py           a live figure (an Output) and HTML helpers
-  spec_replay.py, cost_explorer.py   the two widgets
+  spec_replay.py, cost_explorer.py   the two widgets of chapters 5-7
+  batch_explorer.py                  chapter 9's (its static twin: batch_figure)
 
 Nothing here imports ipywidgets or plotly at import time (``import kestrel`` never does either):
 the figure functions import plotly, the two widgets ipywidgets, when called. Each live figure is
@@ -39,6 +41,7 @@ widget state, so a reloaded page or a second tab draws it as it is now.
 """
 from __future__ import annotations
 
+from .batch_explorer import batch_explorer, batch_figure
 from .cache import clear_cache, get_model, model_choices
 from .cost_explorer import cost_explorer
 from .cost_figures import cost_explorer_static, cost_surface_figure
@@ -54,7 +57,7 @@ __all__ = [
     # repeated runs (median and range)
     "repeat_runs", "Repeated",
     # widgets
-    "spec_replay", "cost_explorer",
+    "spec_replay", "cost_explorer", "batch_explorer", "batch_figure",
     # models
     "get_model", "model_choices", "clear_cache",
     "PHASE_COLORS", "POLICY_COLORS",
