@@ -1,0 +1,99 @@
+"""The book's story in one measured decomposition at the 27B shape (intro, chapters 5 and 7).
+
+    steps = story.decomposition(results.load_bench("bench_spec"), k=3)
+    grid = story.pairing_by_undo(section, k=3)
+
+Five runs of one results file (same device, same session, the E16 acceptance profile, k drafts),
+each one change from the one before:
+
+    1. the article's setup       replay (strict batch, rollback, M = 1 re-runs), article pairing
+    2. flex replay               the accepted rows re-run in one batched call
+    3. per-row checkpoints       no rollback, no re-run: select the accepted row's state
+    4. trained pairing alone     back to the article's replay, but the head fed as it was trained
+                                 (its first draft is a_p, free)
+    5. both                      per-row checkpoints and the trained pairing
+
+Each step's ms per token is split by phase, and its `replay` phase is split further into the
+two things it holds: the rows recomputed after a rollback, and the plain step of rounds that
+accept nothing (the article's pairing has many; a step consumes a_p, whatever the undo
+strategy). The plain steps are priced at the run's own greedy ms per token (one step each):
+that is an estimate, said as such; the rest of `replay` is the recomputation.
+
+`pairing_by_undo` is the 2 x 2 of the two fixes (pairing x undo) from the same file: neither
+fix alone tells the story, and their product is not the sum of their parts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STEPS = (("the article's setup", "replay", "article"),
+         ("flex replay", "flex-replay", "article"),
+         ("per-row checkpoints", "checkpoint", "article"),
+         ("trained pairing alone", "replay", "trained"),
+         ("both", "checkpoint", "trained"))
+PROFILE = "E16 profile"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One run of the decomposition, per token: its ms split by phase and its replay split."""
+    name: str
+    policy: str
+    pairing: str
+    k: int
+    speedup: float
+    ms_per_token: float
+    greedy_ms_per_token: float
+    phases: dict                    # phase -> ms per token
+    plain_step_ms: float            # of `replay`: the n_ok = 0 rounds' plain step (estimated)
+    recompute_ms: float             # of `replay`: rows recomputed after a rollback
+    zero_rounds: int
+    rounds: int
+
+
+def _step(section, name, policy, pairing, k, profile) -> Step:
+    r = section.run(k=k, policy=policy, pairing=pairing, schedule=profile)
+    ph = dict(r.phase_ms_per_token)
+    zero = int(r.hist.get(0, 0))
+    g = r.greedy_ms_per_token
+    plain = min(ph.get("replay", 0.0), zero * g / r.T)
+    return Step(name, policy, pairing, k, r.speedup, r.ms_per_token, g, ph, plain,
+                ph.get("replay", 0.0) - plain, zero, sum(r.hist.values()))
+
+
+def decomposition(section, k: int = 3, profile: str = PROFILE) -> list:
+    """The five steps above, from one section of a bench_spec results file."""
+    return [_step(section, name, pol, pair, k, profile) for name, pol, pair in STEPS]
+
+
+def pairing_by_undo(section, k: int = 3, profile: str = PROFILE) -> dict:
+    """(pairing, policy) -> speedup over greedy, for the article's and the trained pairing under
+    replay and per-row checkpoints."""
+    return {(pair, pol): section.run(k=k, policy=pol, pairing=pair, schedule=profile).speedup
+            for pair in ("article", "trained") for pol in ("replay", "checkpoint")}
+
+
+def interaction(grid: dict) -> float:
+    """How much more the two fixes give together than their effects multiplied: (both / article
+    replay) over (checkpoints alone / article replay) x (pairing alone / article replay). 1 means
+    they simply compound; above 1, each makes the other worth more."""
+    base = grid[("article", "replay")]
+    return (grid[("trained", "checkpoint")] / base) / ((grid[("article", "checkpoint")] / base)
+                                                        * (grid[("trained", "replay")] / base))
+
+
+def rows(steps: list) -> list:
+    """Table rows: step, policy, pairing, speedup, ms/token, verify, draft, recomputed rows,
+    plain steps of n_ok = 0 rounds, everything else (a strict policy's tail of plain steps
+    included: ms_per_token covers it, the phases do not)."""
+    out = []
+    for s in steps:
+        other = s.ms_per_token - s.phases.get("verify", 0) - s.phases.get("draft", 0) - s.phases.get("replay", 0)
+        out.append([s.name, s.policy, s.pairing, f"{s.speedup:.2f}x", f"{s.ms_per_token:.2f}",
+                    f"{s.phases.get('verify', 0):.2f}", f"{s.phases.get('draft', 0):.2f}", f"{s.recompute_ms:.2f}",
+                    f"{s.plain_step_ms:.2f} ({s.zero_rounds} of {s.rounds})", f"{other:.2f}"])
+    return out
+
+
+HEAD = ["step", "undo", "pairing", "vs greedy", "ms/token", "verify", "draft", "rows recomputed",
+        "plain steps (n_ok = 0 rounds)", "rest (mark, undo, sync, bookkeeping, a strict tail)"]
