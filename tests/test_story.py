@@ -22,7 +22,6 @@ def test_decomposition_adds_up(section, k):
         assert (s.zero_rounds == 0) == (s.pairing == "trained")
         if s.policy == "checkpoint":
             assert s.recompute_ms == pytest.approx(0.0, abs=1e-9)
-        assert s.ms_per_token >= sum(s.phases.values()) - 1e-6       # the rounds, plus a strict tail
     assert steps[-1].speedup > 1 > steps[0].speedup       # the story's two ends, as measured
 
 
