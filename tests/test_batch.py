@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import kestrel
-from kestrel.ops import linear as _linear
 
 POLICIES = ("replay", "checkpoint", "input-cache")
 
@@ -232,35 +231,28 @@ def test_bad_input_for_one_slot_changes_no_slot(tiny, rng):
         kestrel.BatchEngine(m, slots=2)
 
 
-def test_a_batch_dependent_order_breaks_it(tiny, rng, monkeypatch):
+def test_a_batch_dependent_order_breaks_it(tiny, rng):
     """The negative control: a projection whose summation order depends on how many rows share
-    the pass (K split into 1, 2 or 3 parts by the row count, as a GEMM picking its kernel by
-    shape would) makes a slot's logits in a mixed pass differ from the same call alone."""
-    def batch_dependent(x, w):
-        parts = 1 + x.shape[0] % 3
-        cut = np.linspace(0, x.shape[1], parts + 1).astype(int)
-        y = np.zeros((x.shape[0], w.shape[0]), np.float32)
-        for lo, hi in zip(cut[:-1], cut[1:]):
-            y += x[:, lo:hi] @ w[:, lo:hi].T
-        return y
-    monkeypatch.setattr(_linear, "linear", batch_dependent)
+    the pass (kestrel.lab.batching.order_depends_on_batch: K split into 1, 2 or 3 parts by the
+    row count, as a GEMM picking its kernel by shape would) makes a slot's logits in a mixed pass
+    differ from the same call alone; with the fixed order they are equal."""
+    from kestrel.lab import batching
     p1, p2 = _prompt(rng, tiny, 4, 8), _prompt(rng, tiny, 4, 8)
-    alone = kestrel.Engine(tiny, max_seq=32, mmax=3)
-    alone.prefill(p1)
-    ref = alone.step(alone.cursor, 7).logits
-    be = kestrel.BatchEngine(tiny, slots=2, max_seq=32, mmax=3)
-    a, _ = be.join(p1)
-    b, _ = be.join(p2)
-    got = be.forward({a: ("step", be.cursor(a), [7]), b: ("step", be.cursor(b), [1, 2])})[a].logits[0]
+
+    def shared_and_alone():
+        alone = kestrel.Engine(tiny, max_seq=32, mmax=3)
+        alone.prefill(p1)
+        be = kestrel.BatchEngine(tiny, slots=2, max_seq=32, mmax=3)
+        a, _ = be.join(p1)
+        b, _ = be.join(p2)
+        got = be.forward({a: ("step", be.cursor(a), [7]), b: ("step", be.cursor(b), [1, 2])})[a].logits[0]
+        return got, alone.step(alone.cursor, 7).logits
+
+    with batching.order_depends_on_batch():
+        got, ref = shared_and_alone()
     assert not np.array_equal(got, ref)
-    monkeypatch.undo()
-    be2 = kestrel.BatchEngine(tiny, slots=2, max_seq=32, mmax=3)
-    a, _ = be2.join(p1)
-    b, _ = be2.join(p2)
-    alone = kestrel.Engine(tiny, max_seq=32, mmax=3)
-    alone.prefill(p1)
-    got = be2.forward({a: ("step", be2.cursor(a), [7]), b: ("step", be2.cursor(b), [1, 2])})[a].logits[0]
-    assert np.array_equal(got, alone.step(alone.cursor, 7).logits)
+    got, ref = shared_and_alone()
+    assert np.array_equal(got, ref)
 
 
 # --------------------------------------------------------------------------- the batched drivers
