@@ -181,7 +181,8 @@ class CPUBackend:
 
     @staticmethod
     def _per_segment(env, op, segs, fn):
-        """dst = fn(segment, its rows of src) for each segment, stacked in segment order."""
+        """dst = fn(segment, its rows of src) for each segment, stacked in
+        segment order."""
         src = env[op.src]
         if len(segs) == 1 and segs[0].lo == 0 and segs[0].hi in (None, src.shape[0]):
             env[op.dst] = fn(segs[0], src)
