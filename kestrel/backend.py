@@ -106,18 +106,7 @@ class CPUBackend:
         (x_j, h_j); x_{j+1} = argmax(logits_j) or forced[j], h_{j+1} = its hidden. fill =
         (tokens [m], hidden [m, D]): m rows before row 0, in row 0's pass (one M = m+1 run).
         -> (argmax tokens [k] int64, hiddens [k, D])."""
-        toks = np.empty(k, np.int64)
-        hs = np.empty((k, model.cfg.hidden_size), np.float32)
-        x, h = [token], np.asarray(hid, np.float32).reshape(1, -1)
-        if fill is not None:
-            x, h = [int(t) for t in fill[0]] + x, np.concatenate([np.asarray(fill[1], np.float32), h])
-        for j in range(k):
-            h, lg = self.run(model, prog, st, x, pos, hid=h)
-            pos += len(x)
-            h, lg = h[-1:], lg[-1]
-            toks[j], hs[j] = self.argmax(lg), h[0]
-            x = [int(toks[j]) if forced is None else int(forced[j])]
-        return toks, hs
+        return self.mtp_chain_batch(model, prog, [(st, token, hid, pos, k, forced, fill)])[0]
 
     def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
         """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
