@@ -51,14 +51,20 @@ class Step:
     rounds: int
 
 
+def replay_split(run) -> tuple:
+    """(plain_step_ms, recompute_ms) per token of a run's `replay` phase: the plain step that each
+    round accepting nothing takes for a_p (priced at the run's greedy ms per token, an estimate),
+    and the rest, the rows recomputed after a rollback. `run`: a results run (hist, T, phases)."""
+    replay = dict(run.phase_ms_per_token).get("replay", 0.0)
+    plain = min(replay, int(run.hist.get(0, 0)) * run.greedy_ms_per_token / run.T)
+    return plain, replay - plain
+
+
 def _step(section, name, policy, pairing, k, profile) -> Step:
     r = section.run(k=k, policy=policy, pairing=pairing, schedule=profile)
-    ph = dict(r.phase_ms_per_token)
-    zero = int(r.hist.get(0, 0))
-    g = r.greedy_ms_per_token
-    plain = min(ph.get("replay", 0.0), zero * g / r.T)
-    return Step(name, policy, pairing, k, r.speedup, r.ms_per_token, g, ph, plain,
-                ph.get("replay", 0.0) - plain, zero, sum(r.hist.values()))
+    plain, recompute = replay_split(r)
+    return Step(name, policy, pairing, k, r.speedup, r.ms_per_token, r.greedy_ms_per_token,
+                dict(r.phase_ms_per_token), plain, recompute, int(r.hist.get(0, 0)), sum(r.hist.values()))
 
 
 def decomposition(section, k: int = 3, profile: str = PROFILE) -> list:

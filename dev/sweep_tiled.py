@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Every tiled GEMV shape and K split at every projection of the Qwen3.5 presets, beside the
+CUDA-core GEMV: dev/results/sweep_tiled.json (and a summary printed).
+
+    python3 dev/sweep_tiled.py --out OUTDIR [--presets qwen3.5-0.8b,qwen3.5-4b] [--reps 9]
+
+Why: the tensor-core order ("tmb") is flat in M but, with the engine's rule for the K split and the
+shape, slower than the CUDA-core order ("fma") at M = 1 on the small presets (results/cuda_notes.md).
+A K split is part of a matrix's order (it changes bits), so it may be chosen per matrix, never per M;
+the kernel (gemv_tmb or gemv_tmr) and its shape change only speed, so they may be chosen per M too.
+This sweep measures both choices at each matrix so the engine's rule can be set from data.
+
+For each (preset, projection): rotating weight buffers holding at least 4x the L2 (weights come
+from HBM), a CUDA graph of back-to-back launches, CUDA events around each replay, the median.
+Checked on the way: for each K split, every shape's rows equal the first shape's bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gemv_variants as dev  # noqa: E402
+from timing import time_cupy_graph  # noqa: E402
+
+MS = (1, 2, 4, 8)
+PRESETS = ("qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b")
+
+
+def shapes_of(cfg) -> list:
+    """(label, N output rows, K, epilogue, uses a step) of every projection of a preset."""
+    from kestrel.lab.sizes import projection_uses
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    nv, dv = cfg.lin_num_value_heads, cfg.lin_value_head_dim
+    nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    uses = list(projection_uses(cfg).values())
+    rows = [("in_proj", cfg.conv_dim + nv * dv + 2 * nv, H, "store"),
+            ("qkv", nh * hd * 2 + 2 * nkv * hd, H, "store"),
+            ("gate_up", I, H, "swiglu"),
+            ("down", H, I, "add"),
+            ("out_proj", H, nv * dv, "add"),
+            ("lm_head", cfg.vocab_size, H, "store")]
+    out = [(*r, u) for r, u in zip(rows, uses)]
+    if nh * hd != nv * dv:       # the attention o_proj's K differs from the GDN out_proj's
+        out.append(("o_proj", H, nh * hd, "add", len(cfg.attn_layers)))
+        out[4] = (*out[4][:4], len(cfg.gdn_layers))
+    return out
+
+
+def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
+    rows = 2 * N if epi == "swiglu" else N
+    half = N if epi == "swiglu" else 0
+    nbytes = rows * K * 2
+    nbuf = min(16, max(1 if nbytes > (1 << 30) else 2, math.ceil(4 * l2 / nbytes)))
+    per_graph = nbuf * max(1, 16 // nbuf)
+    rs = cp.random.RandomState(7 + K + N)
+    Ws = []
+    for _ in range(nbuf):
+        w = cp.empty((rows, K), cp.uint16)
+        be._fill_normal(rs, w, K ** -0.5)
+        Ws.append(w)
+    Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
+    x = rs.standard_normal((8, K), dtype=cp.float32)
+    Y = cp.empty((8, N), cp.float32)
+    tiles = linear.tmb_tiles(rows, epi, half)
+    eng_ks = linear.tmb_ksplit(K)
+    eng_kind, eng_shape = linear.tmb_kernel(tiles, eng_ks, epi)
+    R = {"N": N, "K": K, "epilogue": epi, "bytes": nbytes, "tiles": tiles, "engine_ks": eng_ks,
+         "engine_tiled": [eng_kind, list(eng_shape)], "fma": {}, "tiled": [], "bits": {}}
+
+    def timed(make, M):
+        launches = [make(i, M) for i in range(per_graph)]
+
+        def issue():
+            for fn, grid, block, args, sm in launches:
+                fn(grid, block, args, shared_mem=sm)
+        return time_cupy_graph(cp, be.stream, issue, per_graph, reps)["us"]
+
+    for M in MS:
+        R["fma"][str(M)] = timed(lambda i, M: linear.gemv_launch(Ws[i % nbuf], x, Y, M, K, K, N, epi, half,
+                                                                 gemv="fma"), M)
+    cands = [("tmb", s) for s in dev.TMB_ALL] + [("tmr", s) for s in linear.TMR_SHAPES]
+    for ks in linear.TMB_KSPLITS:
+        if ks > K // 32:
+            continue
+        ref = None
+        for kind, shape in cands:
+            try:
+                one = dev.gemv_tiled_launch(kind, Ws[0], Wts[0], x, Y, 4, K, K, N, epi, half, shape=shape, ks=ks)
+            except Exception as e:      # a shape the GPU cannot hold (shared memory): recorded, skipped
+                R["tiled"].append({"kind": kind, "shape": list(shape), "ks": ks, "error": repr(e)[:120]})
+                continue
+            Y.fill(0.5)
+            fn, grid, block, args, sm = one
+            fn(grid, block, args, shared_mem=sm)
+            be.sync()
+            got = cp.asnumpy(Y[:4]).tobytes()
+            ref = ref or got
+            r = {"kind": kind, "shape": list(shape), "ks": ks, "same_bits": got == ref}
+            for M in MS:
+                r[f"M{M}"] = timed(lambda i, M, kind=kind, shape=shape: dev.gemv_tiled_launch(
+                    kind, Ws[i % nbuf], Wts[i % nbuf], x, Y, M, K, K, N, epi, half, shape=shape, ks=ks), M)
+            R["tiled"].append(r)
+    del Ws, Wts
+    cp.get_default_memory_pool().free_all_blocks()
+    return R
+
+
+def summary(R) -> list:
+    lines = []
+    for p in R["presets"]:
+        t_fma = {M: 0.0 for M in MS}
+        t_eng = {M: 0.0 for M in MS}
+        t_best = {M: 0.0 for M in MS}
+        for s in p["shapes"]:
+            u = s["uses"]
+            ok = [t for t in s["tiled"] if "error" not in t]
+            eng = [t for t in ok if t["ks"] == s["engine_ks"] and [t["kind"], t["shape"]] == s["engine_tiled"]]
+            # best per ks: the ks whose best-over-shapes time summed over MS is least at M = 1 and 4
+            by_ks = {}
+            for t in ok:
+                for M in MS:
+                    k = (t["ks"], M)
+                    by_ks[k] = min(by_ks.get(k, 1e9), t[f"M{M}"])
+            kss = sorted({t["ks"] for t in ok})
+            best_ks = min(kss, key=lambda k: by_ks[(k, 1)] + by_ks[(k, 4)])
+            lines.append(f"{p['preset']:14s} {s['label']:9s} N={s['N']:6d} K={s['K']:5d} x{u:2d}  fma M1 "
+                         f"{s['fma']['1']:6.1f}  eng(ks{s['engine_ks']}) M1 {eng[0]['M1'] if eng else float('nan'):6.1f}  "
+                         + "  ".join(f"ks{k}: " + "/".join(f"{by_ks[(k, M)]:.1f}" for M in MS) for k in kss)
+                         + f"  -> ks{best_ks}")
+            for M in MS:
+                t_fma[M] += u * s["fma"][str(M)]
+                t_eng[M] += u * (eng[0][f"M{M}"] if eng else float("nan"))
+                t_best[M] += u * by_ks[(best_ks, M)]
+        lines.append(f"{p['preset']} step projections ms, M = {MS}: fma " + "/".join(f"{t_fma[M] / 1e3:.3f}" for M in MS)
+                     + "  tmb engine " + "/".join(f"{t_eng[M] / 1e3:.3f}" for M in MS)
+                     + "  tmb best ks+shape " + "/".join(f"{t_best[M] / 1e3:.3f}" for M in MS))
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "dev" / "results"))
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--reps", type=int, default=9)
+    a = ap.parse_args()
+    import cupy as cp
+    from kestrel.config import PRESETS as CFG
+    from kestrel.cuda import CUDABackend
+    from kestrel.nvrtc import device_props
+    from kestrel.ops import linear
+    be = CUDABackend()
+    l2 = int(device_props().get("l2CacheSize", 60 << 20))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    R = {"device": be.device_name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+         "command": "python3 dev/sweep_tiled.py " + " ".join(sys.argv[1:]), "presets": []}
+    t0 = time.time()
+    for name in a.presets.split(","):
+        P = {"preset": name, "shapes": []}
+        R["presets"].append(P)
+        for label, N, K, epi, uses in shapes_of(CFG[name]):
+            s = sweep_shape(be, cp, linear, N, K, epi, a.reps, l2)
+            s.update(label=label, uses=uses)
+            P["shapes"].append(s)
+            print(f"{name} {label} done ({time.time() - t0:.0f} s)", flush=True)
+            (out / "sweep_tiled.json").write_text(json.dumps(R, indent=1))
+    print("\n".join(summary(R)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
