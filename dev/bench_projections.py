@@ -204,7 +204,8 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
     y0 = rs.standard_normal((8, N), dtype=cp.float32)
     Y = cp.empty((8, N), cp.float32)
     be.sync()
-    tiles, tmb_ks = linear.tmb_tiles(rows, epi, half), linear.tmb_ksplit(K)
+    tiles = linear.tmb_tiles(rows, epi, half)
+    tmb_ks = linear.tmb_ksplit(K, tiles)
     R = {"shape": label, "N": N, "K": K, "weight_rows": rows, "epilogue": epi, "weight_bytes": nbytes,
          "buffers": nbuf, "launches_per_graph": per_graph, "tc_ksplit": dev.tc_ksplit(K),
          "tc_variant": list(dev.TC_VARIANT), "tmb_ksplit": tmb_ks,
@@ -296,7 +297,7 @@ def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep
                 log(f"  tmb NW,KC,ST={shape} ks={ks}: " + " ".join(f"M={M} {r[f'M{M}_us']:.1f} us" for M in (1, 4, 8)))
         R["tmr_sweep"] = []
         for shape in linear.TMR_SHAPES if "tmb" in kernels else ():
-            r = {"shape": list(shape), "ksplit": linear.tmb_ksplit(K)}
+            r = {"shape": list(shape), "ksplit": tmb_ks}
             for M in (1, 4, 8):
                 r[f"M{M}_us"] = ours("tmb", M, tmr=shape)["us"]
             R["tmr_sweep"].append(r)

@@ -27,7 +27,7 @@ DEV_KERNELS = Path(__file__).resolve().parent / "kernels"
 GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr in (2, 4, 8) for up in (0, 1)}
                               | {(mt, 4, 3, 0) for mt in (1, 2, 3, 4, 8)}))
 # the gemv_tmb shapes a sweep compiles beside linear.TMB_SHAPES (NW, KC, ST); KC divides linear.TMB_CG
-TMB_SWEEP = ((4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
+TMB_SWEEP = ((1, 256, 3), (4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
              (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_ALL = tuple(sorted({*linear.TMB_SHAPES, *TMB_SWEEP}))
 # gemv_tc: (RT tiles of 16 rows a warp, U k-blocks of 32 a super-chunk, ST register stages)
@@ -89,8 +89,8 @@ def gemv_tiled_launch(kind: str, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: 
                       half: int = 0, shape: tuple | None = None, ks: int | None = None):
     """gemv_tmb ("tmb", shape in TMB_ALL) or gemv_tmr ("tmr", shape in linear.TMR_SHAPES) with any
     compiled shape and K split; defaults: the engine's choice."""
-    ks = ks or linear.tmb_ksplit(K)
     T = linear.tmb_tiles(W.shape[0], epilogue, half)
+    ks = ks or linear.tmb_ksplit(K, T)
     if shape is None:
         shape = linear.tmb_shape(T, ks) if kind == "tmb" else linear.tmr_shape(T, ks)
     compiled = TMB_ALL if kind == "tmb" else linear.TMR_SHAPES

@@ -73,7 +73,7 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
     x = rs.standard_normal((8, K), dtype=cp.float32)
     Y = cp.empty((8, N), cp.float32)
     tiles = linear.tmb_tiles(rows, epi, half)
-    eng_ks = linear.tmb_ksplit(K)
+    eng_ks = linear.tmb_ksplit(K, tiles)
     eng_kind, eng_shape = linear.tmb_kernel(tiles, eng_ks, epi)
     R = {"N": N, "K": K, "epilogue": epi, "bytes": nbytes, "tiles": tiles, "engine_ks": eng_ks,
          "engine_tiled": [eng_kind, list(eng_shape)], "fma": {}, "tiled": [], "bits": {}}

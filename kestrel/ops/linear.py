@@ -47,9 +47,12 @@ KSPLIT_MIN_K = 4096            # the CUDA-core kernel splits a row's K over 2 wa
 # NW, KC (a divisor of TMB_CG) and ST only its speed, so the engine picks a shape by the work
 # (tmb_shape) among TMB_SHAPES, widest first.
 TMB_CG = 256
-TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2), (1, 256, 3))
+TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 TMB_KSPLITS = (1, 2, 3, 4)
-TMB_KSPLIT_MAX_K = 5120        # rows up to this K are one part; longer ones (down, out projections) 3
+TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
+TMB_KSPLIT_MIN_K = 2048        # tmb_ksplit: so is a row shorter than this
+TMB_KSPLIT_FEW_TILES = 128     # tmb_ksplit: up to this many tiles, TMB_KSPLIT_FEW parts; else TMB_KSPLIT_SOME
+TMB_KSPLIT_FEW, TMB_KSPLIT_SOME = 4, 3
 TMB_SCRATCH_SLOTS = 1 << 17    # (part, row group, tile) slots of the first K-split scratch: 64 MiB
 TMB_FILL = 0.8                 # tmb_shape: the least share of every wave's block slots a shape must fill
 # gemv_tmr: (T tiles = compute warps a block, P 32-k blocks of weights a warp keeps in flight). The
@@ -95,10 +98,17 @@ def ksplit(K: int) -> int:
     return 1 if K < KSPLIT_MIN_K else 2
 
 
-def tmb_ksplit(K: int) -> int:
-    """Blocks that share one tile's K range in gemv_tmb and gemv_tmr: from K alone, like tc_ksplit. More parts
-    for long rows, whose matrices (the MLP down and attention/GDN out projections) are short."""
-    return 1 if K <= TMB_KSPLIT_MAX_K else 3
+def tmb_ksplit(K: int, tiles: int) -> int:
+    """Blocks that share one tile's K range in gemv_tmb and gemv_tmr: from the matrix's shape alone
+    (its K and its tile count), never from M or the GPU, so a matrix sums in one order on every
+    device and for every batch. A matrix of few tiles and long rows (the down and out projections)
+    is split so that its few tiles still give every multiprocessor work: TMB_KSPLIT_FEW parts for
+    the fewest tiles, TMB_KSPLIT_SOME below TMB_KSPLIT_TILES; rows shorter than TMB_KSPLIT_MIN_K
+    and matrices of many tiles are one part (a part's scratch, fence and count would cost more
+    than the parallelism gives). The thresholds come from dev/sweep_tiled.py (results/cuda_notes.md)."""
+    if tiles >= TMB_KSPLIT_TILES or K < TMB_KSPLIT_MIN_K:
+        return 1
+    return TMB_KSPLIT_FEW if tiles <= TMB_KSPLIT_FEW_TILES else TMB_KSPLIT_SOME
 
 
 def _device() -> dict:
@@ -109,7 +119,7 @@ def _device() -> dict:
 def tmb_eligible(W, K: int, X, ldx: int) -> bool:
     """bf16 weights, K in 32-k blocks, activations in 16-byte aligned rows, a GPU with bulk copies
     (sm_90 and later: gemv_tmb needs them; gemv_tmr does not, but "tmb" is one engine option)."""
-    return (W.dtype == np.uint16 and K % 32 == 0 and tmb_ksplit(K) <= K // 32 and ldx % 4 == 0
+    return (W.dtype == np.uint16 and K % 32 == 0 and K >= 32 and ldx % 4 == 0
             and X.data.ptr % 16 == 0 and _device()["cc"] >= 90)
 
 
@@ -178,8 +188,8 @@ def _tiled_checks(name: str, W, tiled, X, K: int, ldx: int, epilogue: str, half:
     """What gemv_tmb and gemv_tmr both ask of a launch (the same tiled weights and K split):
     the tile count, or a ValueError naming the problem."""
     if not tmb_eligible(W, K, X, ldx):
-        raise ValueError(f"{name} needs bf16 weights, K a multiple of 32 with at least tmb_ksplit(K) 32-k "
-                         f"blocks, ldx a multiple of 4 and 16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
+        raise ValueError(f"{name} needs bf16 weights, K a positive multiple of 32, ldx a multiple of 4 and "
+                         f"16-byte aligned X (dtype {W.dtype}, K {K}, ldx {ldx})")
     if ks not in TMB_KSPLITS or ks > K // 32:
         raise ValueError(f"{name} K split {ks}: expected one of {TMB_KSPLITS}, at most K/32 = {K // 32}")
     T = tmb_tiles(W.shape[0], epilogue, half)
@@ -254,8 +264,9 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
     if bf16 and gemv == "tmb" and tmb_eligible(W, K, X, ldx):
         if tiled is None:
             raise ValueError("gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
-        ks = tmb_ksplit(K)
-        kind, shape = tmb_kernel(tmb_tiles(W.shape[0], epilogue, half), ks, epilogue)
+        tiles = tmb_tiles(W.shape[0], epilogue, half)
+        ks = tmb_ksplit(K, tiles)
+        kind, shape = tmb_kernel(tiles, ks, epilogue)
         return _tiled_launch(kind, shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half)
     return _fma_launch(fma_shape(M), W, X, Y, M, K, ldx, ldy, epilogue, half)
 

@@ -69,7 +69,8 @@ def test_gemv_kernel(be, rng, wdtype, kernel, N, K):
         assert tmb == (K % 32 == 0 and linear._device()["cc"] >= 90)
         fn = linear.gemv_launch(w, x0, y0, 1, K, K, N, gemv="tmb",
                                 tiled=linear.tmb_tiled(w, K) if tmb else None)[0]
-        want = "gemv_" + linear.tmb_kernel(linear.tmb_tiles(N), linear.tmb_ksplit(K))[0] if tmb else "gemv_bf16"
+        tiles = linear.tmb_tiles(N)
+        want = "gemv_" + linear.tmb_kernel(tiles, linear.tmb_ksplit(K, tiles))[0] if tmb else "gemv_bf16"
         assert fn.name.startswith(want)
     x = rng.standard_normal((17, K)).astype(np.float32)
     alone = [_gemv(be, w, x[j:j + 1], N, kernel=kernel)[0] for j in range(17)]
@@ -149,10 +150,20 @@ def cp_concat(ws):
 
 
 # ---- gemv_tmb: the tiled layout and the kernel's addressing, on the CPU ----------------------------
-def test_tmb_ksplit_depends_on_k_alone():
-    for K in (32, 1024, 4096, 5120, 6144, 8192, 12288, 17408):
-        assert linear.tmb_ksplit(K) in linear.TMB_KSPLITS
-    assert [linear.tmb_ksplit(K) for K in (5120, 6144, 17408)] == [1, 3, 3]   # the 27B rows
+def test_tmb_ksplit_depends_on_the_matrix_alone():
+    """A matrix's K split (part of its order) is a function of its K and tile count, within the
+    compiled splits and at most K/32; the 27B rows keep the splits their results were measured with."""
+    for K in (32, 1024, 2048, 4096, 5120, 6144, 8192, 12288, 17408):
+        for tiles in (1, 64, 128, 129, 320, 511, 512, 2176, 15520):
+            ks = linear.tmb_ksplit(K, tiles)
+            assert ks in linear.TMB_KSPLITS and ks <= K // 32, (K, tiles, ks)
+            assert ks == linear.tmb_ksplit(K, tiles)
+    # the 27B shape: in_proj, q|k|v, gate|up, down, out/o_proj, head
+    assert [linear.tmb_ksplit(K, t) for K, t in ((5120, 1030), (5120, 896), (5120, 2176), (17408, 320),
+                                                  (6144, 320), (5120, 15520))] == [1, 1, 1, 3, 3, 1]
+    # the short matrices of the small presets split more: 0.8B down, 4B out_proj; short rows do not
+    assert linear.tmb_ksplit(3584, 64) == 4 and linear.tmb_ksplit(4096, 160) == 3
+    assert linear.tmb_ksplit(1024, 64) == 1
 
 
 @pytest.mark.parametrize("rows,K,epilogue,half", [(37, 64, "store", 0), (42, 96, "swiglu", 21), (16, 32, "add", 0)])
