@@ -220,18 +220,38 @@ def main(argv=None):
              else "greedy, CPU", "ms_per_token": statistics.median(k_ms)}]
     del eng
     print(f"  kestrel {rows[0]['ms_per_token']:.3f} ms/token")
+    notes, check = [], {}
+
+    def save():
+        """Write what is measured so far (each stage saves: a run cut short keeps its rows)."""
+        versions = {"torch": torch.__version__}
+        for mod in ("transformers", "fla", "causal_conv1d"):
+            try:
+                versions[mod] = __import__(mod).__version__
+            except Exception:
+                versions[mod] = "not installed"
+        ok = [r for r in rows if r["decoder"] != "kestrel" and "ms_per_token" in r]
+        best = min(ok, key=lambda r: r["ms_per_token"]) if ok else None
+        prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                  results.recorded_command("scripts/bench_peer.py", argv if argv is not None else sys.argv[1:], {}),
+                                  results.measured_commit(), None)
+        d = {"model": model.cfg.name, "dtype": model.weight_dtype, "seed": a.seed, "prompt_len": len(prompt), "T": T,
+             "repeats": repeats, "versions": versions, "check": check, "rows": rows, "notes": notes,
+             "peer_best": best and {"setting": best["setting"], "ms_per_token": best["ms_per_token"],
+                                    "kestrel_speedup": best["ms_per_token"] / rows[0]["ms_per_token"]}}
+        return results.write(a.out, "bench_peer_quick" if a.quick else "bench_peer", d, render, prov)
 
     peer = peer_model(model, torch)
     p_stream, _, p_logits = peer_decode(peer, torch, prompt, T)
     diff = np.abs(p_logits.astype(np.float64) - k_logits)
-    check = {"max_abs_logit_diff": float(diff.max()), "logit_std": float(k_logits.std()),
-             "common_prefix": common_prefix(k_stream, p_stream),
-             "top1_agree": float(np.mean(p_logits.argmax(-1) == k_logits.argmax(-1)))}
+    check.update({"max_abs_logit_diff": float(diff.max()), "logit_std": float(k_logits.std()),
+                  "common_prefix": common_prefix(k_stream, p_stream),
+                  "top1_agree": float(np.mean(p_logits.argmax(-1) == k_logits.argmax(-1)))})
     print(f"  handover check {check}")
-    notes = []
     ms = [peer_decode(peer, torch, prompt, T)[1] / T for _ in range(repeats)]
     rows.append({"decoder": "transformers", "setting": "eager, dynamic cache", "ms_per_token": statistics.median(ms)})
     print(f"  peer eager {rows[-1]['ms_per_token']:.3f} ms/token")
+    save()
     if not a.no_compile:
         row = {"decoder": "transformers", "setting": "StaticCache + torch.compile(mode='reduce-overhead')"}
         try:
@@ -253,6 +273,7 @@ def main(argv=None):
             notes.append("static cache + torch.compile failed: " + traceback.format_exc().splitlines()[-1][:300])
             print(f"  peer static+compile failed: {row['error']}")
         rows.append(row)
+        save()
     if not a.no_spec:
         for name, k, sched in spec_cases():
             eng = kestrel.Engine(model, max_seq=len(prompt) + T + 8 + k, mmax=k, batch="flex")
@@ -265,22 +286,8 @@ def main(argv=None):
             print(f"  kestrel {rows[-1]['setting']}: {rows[-1]['ms_per_token']:.3f} ms/token, "
                   f"bit-exact {rows[-1]['bit_exact']}")
             del eng
-    versions = {"torch": torch.__version__}
-    for mod, key in (("transformers", "transformers"), ("fla", "fla"), ("causal_conv1d", "causal_conv1d")):
-        try:
-            versions[key] = __import__(mod).__version__
-        except Exception:
-            versions[key] = "not installed"
-    ok = [r for r in rows if r["decoder"] != "kestrel" and not r.get("error")]
-    best = min(ok, key=lambda r: r["ms_per_token"]) if ok else None
-    prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                              results.recorded_command("scripts/bench_peer.py", argv if argv is not None else sys.argv[1:], {}),
-                              results.measured_commit(), None)
-    d = {"model": model.cfg.name, "dtype": model.weight_dtype, "seed": a.seed, "prompt_len": len(prompt), "T": T, "repeats": repeats,
-         "versions": versions, "check": check, "rows": rows, "notes": notes,
-         "peer_best": best and {"setting": best["setting"], "ms_per_token": best["ms_per_token"],
-                                "kestrel_speedup": best["ms_per_token"] / rows[0]["ms_per_token"]}}
-    path = results.write(a.out, "bench_peer_quick" if a.quick else "bench_peer", d, render, prov)
+            save()
+    path = save()
     print(f"wrote {path}")
     return path
 
