@@ -4,7 +4,8 @@ CUDA-core GEMV: dev/results/sweep_tiled.json (and a summary printed).
 
     python3 dev/sweep_tiled.py --out OUTDIR [--presets qwen3.5-0.8b,qwen3.5-4b] [--reps 9]
 
-Why: the tensor-core order ("tmb") is flat in M but, with the engine's rule for the K split and the
+The file written on an H100 on 2026-12-05 is dev/results/sweep_tiled_h100.json (results/cuda_notes.md
+reads it). Why: the tensor-core order ("tmb") is flat in M but, with the engine's rule for the K split and the
 shape, slower than the CUDA-core order ("fma") at M = 1 on the small presets (results/cuda_notes.md).
 A K split is part of a matrix's order (it changes bits), so it may be chosen per matrix, never per M;
 the kernel (gemv_tmb or gemv_tmr) and its shape change only speed, so they may be chosen per M too.
@@ -163,8 +164,10 @@ def main():
     l2 = int(device_props().get("l2CacheSize", 60 << 20))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    from kestrel.lab import results
     R = {"device": be.device_name, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-         "command": "python3 dev/sweep_tiled.py " + " ".join(sys.argv[1:]), "presets": []}
+         "command": results.recorded_command("dev/sweep_tiled.py", sys.argv[1:]),
+         "commit": results.measured_commit(), "presets": []}
     t0 = time.time()
     for name in a.presets.split(","):
         P = {"preset": name, "shapes": []}
