@@ -47,3 +47,22 @@ def test_peer_handover_is_checked(rng):
     _, _, logits = bench_peer.peer_decode(peer, torch, prompt, 1)
     ref = kestrel.Engine(model, max_seq=32, mmax=1).prefill(prompt).logits
     assert np.abs(logits - ref).max() > 1e-3 * max(1.0, np.abs(ref).max())
+
+
+def test_quick_run_writes_a_file_the_reader_loads(tmp_path):
+    """bench_peer's CPU run writes its results (every stage saves), the peer family's reader loads
+    them, and a file whose first row is not kestrel's measured greedy decoding is refused."""
+    import json
+    from kestrel.lab import results
+    from kestrel.lab.checks import ResultsFileError
+    path = bench_peer.main(["--quick", "--preset", "test-a", "--no-compile", "--out", str(tmp_path)])
+    rec = results.load(path)
+    assert rec.kestrel_greedy.decoder == "kestrel" and rec.kestrel_greedy.ms_per_token > 0
+    assert rec.peer_best() is not None and rec.peer_best().decoder == "transformers"
+    assert any(r.bit_exact for r in rec.rows if r.setting.startswith("speculative"))
+    d = json.loads(path.read_text())
+    d["rows"] = d["rows"][1:]
+    bad = tmp_path / "bench_peer_bad.json"
+    bad.write_text(json.dumps(d))
+    with pytest.raises(ResultsFileError, match="first row"):
+        results.load(bad)

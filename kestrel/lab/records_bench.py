@@ -255,3 +255,45 @@ def read_adaptive_file(f: Field, path: str) -> AdaptiveFile:
                      for r in c["runs"].items())
         cases.append(AdaptiveCase(c["name"].str(), c["model"].str(), c["what"].str(), c["T"].int(1), runs))
     return AdaptiveFile(read_provenance(f), path, f["repeats"].int(1), tuple(cases))
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One decoder setting of scripts/bench_peer.py: kestrel's or the peer's, its ms per token (None
+    where the setting did not run, with the reason in error)."""
+    decoder: str                      # "kestrel" | "transformers"
+    setting: str
+    ms_per_token: float | None
+    error: str = ""
+    bit_exact: bool | None = None     # kestrel's speculative rows
+
+
+@dataclass(frozen=True)
+class PeerFile:
+    provenance: Provenance
+    path: str
+    model: str
+    T: int
+    rows: tuple
+    notes: tuple
+
+    @property
+    def kestrel_greedy(self) -> PeerRow:
+        return self.rows[0]
+
+    def peer_best(self) -> PeerRow | None:
+        """The peer's fastest setting that ran (None if none did)."""
+        ran = [r for r in self.rows if r.decoder != "kestrel" and r.ms_per_token is not None]
+        return min(ran, key=lambda r: r.ms_per_token) if ran else None
+
+
+def read_peer_file(f: Field, path: str) -> PeerFile:
+    rows = tuple(PeerRow(r["decoder"].str(), r["setting"].str(),
+                         r["ms_per_token"].num() if r.has("ms_per_token") else None,
+                         r["error"].str() if r.has("error") else "",
+                         r["bit_exact"].bool() if r.has("bit_exact") else None) for r in f["rows"].items())
+    if (not rows or rows[0].decoder != "kestrel" or not rows[0].setting.startswith("greedy")
+            or rows[0].ms_per_token is None):
+        raise ResultsFileError(f"{path}: the first row must be kestrel's greedy decoding, measured")
+    return PeerFile(read_provenance(f), path, f["model"].str(), f["T"].int(1), rows,
+                    tuple(n.str() for n in f["notes"].items()))
