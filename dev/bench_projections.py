@@ -187,19 +187,27 @@ def cublas_invariance(torch, Wt, xb):
 
 
 # ---- one shape -------------------------------------------------------------------------------------
-def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep):
-    from kestrel.ops import linear
+def rotating_weights(be, cp, N: int, K: int, epi: str, rotate_bytes: int, launches: int, seed: int):
+    """Random bf16 weight buffers of one projection (N outputs, K inputs; swiglu stacks gate and up),
+    enough of them to hold rotate_bytes (the weights then come from HBM, not the L2), at most
+    `launches`: (rows, half, nbytes, buffers, launches per graph, the RandomState, the buffers)."""
     rows = 2 * N if epi == "swiglu" else N
     half = N if epi == "swiglu" else 0
     nbytes = rows * K * 2
-    nbuf = min(8, max(1 if nbytes > (1 << 30) else 2, math.ceil(rotate_bytes / nbytes)))
-    per_graph = nbuf * max(1, 8 // nbuf)
-    rs = cp.random.RandomState(11 + K + N)
+    nbuf = min(launches, max(1 if nbytes > (1 << 30) else 2, math.ceil(rotate_bytes / nbytes)))
+    per_graph = nbuf * max(1, launches // nbuf)
+    rs = cp.random.RandomState(seed)
     Ws = []
     for _ in range(nbuf):
         w = cp.empty((rows, K), cp.uint16)
         be._fill_normal(rs, w, K ** -0.5)
         Ws.append(w)
+    return rows, half, nbytes, nbuf, per_graph, rs, Ws
+
+
+def bench_shape(be, cp, torch, label, N, K, epi, reps, sink, rotate_bytes, sweep):
+    from kestrel.ops import linear
+    rows, half, nbytes, nbuf, per_graph, rs, Ws = rotating_weights(be, cp, N, K, epi, rotate_bytes, 8, 11 + K + N)
     x = rs.standard_normal((8, K), dtype=cp.float32)
     y0 = rs.standard_normal((8, N), dtype=cp.float32)
     Y = cp.empty((8, N), cp.float32)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -32,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gemv_variants as dev  # noqa: E402
+from bench_projections import rotating_weights  # noqa: E402
 from timing import time_cupy_graph  # noqa: E402
 
 MS = (1, 2, 4, 8)
@@ -59,17 +58,7 @@ def shapes_of(cfg) -> list:
 
 
 def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
-    rows = 2 * N if epi == "swiglu" else N
-    half = N if epi == "swiglu" else 0
-    nbytes = rows * K * 2
-    nbuf = min(16, max(1 if nbytes > (1 << 30) else 2, math.ceil(4 * l2 / nbytes)))
-    per_graph = nbuf * max(1, 16 // nbuf)
-    rs = cp.random.RandomState(7 + K + N)
-    Ws = []
-    for _ in range(nbuf):
-        w = cp.empty((rows, K), cp.uint16)
-        be._fill_normal(rs, w, K ** -0.5)
-        Ws.append(w)
+    rows, half, nbytes, nbuf, per_graph, rs, Ws = rotating_weights(be, cp, N, K, epi, 4 * l2, 16, 7 + K + N)
     Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
     x = rs.standard_normal((8, K), dtype=cp.float32)
     Y = cp.empty((8, N), cp.float32)
@@ -77,7 +66,7 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
     eng_ks = linear.tmb_ksplit(K, tiles)
     eng_kind, eng_shape = linear.tmb_kernel(tiles, eng_ks, epi)
     R = {"N": N, "K": K, "epilogue": epi, "bytes": nbytes, "tiles": tiles, "engine_ks": eng_ks,
-         "engine_tiled": [eng_kind, list(eng_shape)], "fma": {}, "tiled": [], "bits": {}}
+         "engine_tiled": [eng_kind, list(eng_shape)], "fma": {}, "tiled": []}
 
     def timed(make, M):
         launches = [make(i, M) for i in range(per_graph)]

@@ -222,15 +222,15 @@ def main(argv=None):
     del eng
     print(f"  kestrel {rows[0]['ms_per_token']:.3f} ms/token")
     notes, check = [], {}
+    versions = {"torch": torch.__version__}
+    for mod in ("transformers", "fla", "causal_conv1d"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except Exception:
+            versions[mod] = "not installed"
 
     def save():
         """Write what is measured so far (each stage saves: a run cut short keeps its rows)."""
-        versions = {"torch": torch.__version__}
-        for mod in ("transformers", "fla", "causal_conv1d"):
-            try:
-                versions[mod] = __import__(mod).__version__
-            except Exception:
-                versions[mod] = "not installed"
         ok = [r for r in rows if r["decoder"] != "kestrel" and "ms_per_token" in r]
         best = min(ok, key=lambda r: r["ms_per_token"]) if ok else None
         prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
