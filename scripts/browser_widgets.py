@@ -748,8 +748,12 @@ def check_rerendered(page: Page, lab: Lab, run: Run, timeout: float, when: str, 
         page.screenshot(shot)
         run.screenshots.append(str(shot))
         seen = page.js("(document.querySelector('.jp-Notebook') || document.body).innerText.slice(0, 1500)")
+        # what the page logged before the reload goes with it into the report; of it, only the
+        # fallback's "model not found" (above) is dropped from the error check at the end
+        before = list(page.collect())
+        page.log[:] = [x for x in before if "widget model not found" not in x]
         run.notes.setdefault("reloaded once", []).append(
-            {"when": when, "after_s": min(timeout, RETRY_AFTER), "page_text": seen, "log": page.collect()[:10]})
+            {"when": when, "after_s": min(timeout, RETRY_AFTER), "page_text": seen, "log": before[:10]})
         time.sleep(SETTLE)
         _open(page, lab, "widgets.ipynb", timeout)
         _wait_rendered(page, timeout, f"both widgets to render {when} (after one reload)")

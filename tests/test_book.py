@@ -411,7 +411,7 @@ def test_results_and_records_name_no_build_machine():
 # --------------------------------------------------------------------------- the chapters' form
 
 CHAPTERS_1_7 = sorted(p for p in NOTEBOOKS if re.match(r"ch0[1-7]_", p.name))
-CHAPTERS_1_9 = sorted(p for p in NOTEBOOKS if re.match(r"ch0[1-9]_", p.name))     # the page-style checks
+CHAPTERS_1_10 = sorted(p for p in NOTEBOOKS if re.match(r"ch(0[1-9]|10)_", p.name))   # the page-style checks (1..10)
 LINE = 88          # the longest code or printed line that fits the page (book/_static/kestrel.css)
 
 
@@ -433,7 +433,7 @@ def test_chapters_1_to_7_are_present():
     assert [p.name[:4] for p in CHAPTERS_1_7] == [f"ch0{i}" for i in range(1, 8)]
 
 
-@pytest.mark.parametrize("path", CHAPTERS_1_9, ids=[p.name for p in CHAPTERS_1_9])
+@pytest.mark.parametrize("path", CHAPTERS_1_10, ids=[p.name for p in CHAPTERS_1_10])
 def test_code_and_printed_lines_fit_the_page(path):
     long = []
     for i, c in enumerate(_cells(path, "code")):
@@ -443,7 +443,7 @@ def test_code_and_printed_lines_fit_the_page(path):
     assert not long, f"{path.name}: lines longer than {LINE} characters:\n" + "\n".join(long[:10])
 
 
-@pytest.mark.parametrize("path", CHAPTERS_1_7 + CHAPTERS_1_9[8:], ids=[p.name for p in CHAPTERS_1_7 + CHAPTERS_1_9[8:]])
+@pytest.mark.parametrize("path", CHAPTERS_1_7 + CHAPTERS_1_10[8:], ids=[p.name for p in CHAPTERS_1_7 + CHAPTERS_1_10[8:]])
 def test_plotting_code_is_collapsed(path):
     """A cell that draws a figure shows the figure and hides its code behind a toggle."""
     hidden = {"hide-input", "hide-cell", "remove-input"}
@@ -453,7 +453,7 @@ def test_plotting_code_is_collapsed(path):
     assert not bare, f"{path.name}: figure cells with their code shown: {bare}"
 
 
-@pytest.mark.parametrize("path", CHAPTERS_1_9, ids=[p.name for p in CHAPTERS_1_9])
+@pytest.mark.parametrize("path", CHAPTERS_1_10, ids=[p.name for p in CHAPTERS_1_10])
 def test_chapter_ends_with_summary_and_exercises_with_answers(path):
     cells = _cells(path)
     md = ["".join(c["source"]) for c in cells if c["cell_type"] == "markdown"]
@@ -492,7 +492,7 @@ def test_widget_cells_say_what_they_are(path):
 def test_wall_is_taught_as_measured():
     """Chapters 1, 3 and 5 read the copy's cost from the engine benchmark (never typed in), and
     chapter 5 no longer calls the verify cheap; chapter 7 names the n_ok = 0 step and links the
-    input-cache chapter."""
+    input-cache chapter, and tells the story from the 27B runs (decomposition, 2 x 2)."""
     src = {p.name[:4]: "\n".join("".join(c["source"]) for c in _cells(p)) for p in CHAPTERS_1_7}
     for ch in ("ch01", "ch03"):
         assert 'results.load_engine("bench_engine")' in src[ch], ch
@@ -500,3 +500,5 @@ def test_wall_is_taught_as_measured():
     assert 'results.load_spec("bench_spec")' in src["ch05"]
     assert "n_{ok} = 0" in src["ch07"] and "ch08_three_ways.ipynb" in src["ch07"]
     assert "input-cache" in src["ch07"]
+    # chapter 7 tells the story as one decomposition and the two fixes as a 2 x 2, from the runs
+    assert "story.decomposition(" in src["ch07"] and "story.pairing_by_undo(" in src["ch07"]

@@ -402,11 +402,11 @@ def test_undo_storage_follows_the_formulas():
 
 
 def test_undo_fits_is_the_largest_batch_that_fits():
-    from kestrel.lab import undo
+    from kestrel.lab import serving
     from kestrel.speculative.cost import serving_projection
     cfg = kestrel.PRESETS["qwen3.5-27b"]
     mem = 141e9
-    for row in undo.fits_rows(cfg, mem, k=3, contexts=(4096, 65536)):
+    for row in serving.fits_rows(cfg, mem, k=3, contexts=(4096, 65536)):
         for L in (4096, 65536):
             B = row[f"L = {L // 1024}K"]
             fit = [r for r in serving_projection(cfg, 3, spec.mean_nok(spec.E16_PROFILE, 3, "trained"),
@@ -452,7 +452,7 @@ def test_undo_time_policies_and_figures(model_a, rng):
 
 
 def test_undo_large_comparison_from_the_results_file():
-    from kestrel.lab import results, undo
+    from kestrel.lab import results, serving, undo
     try:
         results.load("bench_spec")
     except results.ResultsFileError:
@@ -466,4 +466,58 @@ def test_undo_large_comparison_from_the_results_file():
         assert r["state_per_token"]["read+written"] > 0
     assert "k = 3" in undo.large_table(big)
     with pytest.raises(spec.SpecArgumentError, match="'memory' or 'bytes'"):
-        undo.projection_figure(kestrel.PRESETS["qwen3.5-27b"], "time")
+        serving.projection_figure(kestrel.PRESETS["qwen3.5-27b"], "time")
+
+
+def test_undo_miss_is_measured_over_predicted_speedup(rng):
+    """One sign convention for the cost model's miss: measured speedup / predicted - 1, negative
+    when the run was slower than predicted."""
+    from types import SimpleNamespace
+    from kestrel.lab import undo
+    g, m = float(rng.uniform(5, 10)), float(rng.uniform(5, 10))
+    slower, faster = m * 0.8, m * 1.25            # the model predicted less time / more time
+    s = SimpleNamespace(greedy_ms_per_token=g, ms_per_token=m, speedup=g / m, bit_exact=True)
+    t = undo.PolicyTiming("checkpoint", [s, s, s], [slower] * 3)
+    assert t.misses[0] == pytest.approx(slower / m - 1) and t.misses[0] < 0
+    assert t.row()["miss"].startswith("-") and t.row()["cost model"] == f"{g / slower:.3f}×"
+    t = undo.PolicyTiming("checkpoint", [s], [faster])
+    assert t.misses[0] > 0 and t.row()["miss"].startswith("+")
+    assert undo.PolicyTiming("replay", [s], []).row()["miss"] == ""
+
+
+def test_undo_decision_table_follows_the_numbers(rng):
+    from kestrel.lab import serving
+    cfg = kestrel.PRESETS["qwen3.5-27b"]
+    fits = serving.fits_rows(cfg, 141e9, k=3)
+
+    def big(sp):
+        return {"rows": [{"schedule": s, "policy": p, "speedup": v} for (s, p), v in sp.items()]}
+    pols = ("replay", "flex-replay", "checkpoint", "input-cache")
+    e16 = dict(zip(pols, sorted(rng.uniform(0.5, 1.8, 4))))          # the best one last
+    art = dict(zip(pols, rng.uniform(0.3, 0.9, 4)))
+    sp = {**{("E16 profile", p): v for p, v in e16.items()}, **{("article histogram", p): v for p, v in art.items()}}
+    rows = {r["when"].split(" (")[0]: r for r in serving.decision_rows(big(sp), cfg, fits)}
+    one = next(r for w, r in rows.items() if w.startswith("one sequence"))
+    assert one["choose"].startswith("input-cache")
+    assert rows["the verify keeps no state per row"]["choose"] == "flex-replay"
+    low = next(r for w, r in rows.items() if w.startswith("acceptance as low"))
+    assert low["choose"].startswith("greedy")
+    sp["article histogram", "replay"] = 1.2                            # now one way pays
+    low = next(r for r in serving.decision_rows(big(sp), cfg, fits) if r["when"].startswith("acceptance as low"))
+    assert low["choose"] == "replay"
+    many = next(r for r in serving.decision_rows(big(sp), cfg, fits) if r["when"].startswith("many sequences, short"))
+    assert many["choose"] == "input-cache"                              # it keeps kilobytes, not states
+
+
+def test_serving_projection_sets_rounds_against_the_bytes_a_step_reads():
+    """Memory counts the weights held (the untied embedding table whole); a round's bytes count
+    what a step reads of them (one row of it)."""
+    from kestrel.lab import serving
+    from kestrel.program import param_count
+    cfg = kestrel.PRESETS["qwen3.5-27b"]
+    held, reads = 2 * param_count(cfg, mtp=False), serving.step_read_bytes(cfg)
+    assert not cfg.tie_word_embeddings and reads < held
+    r = [x for x in serving.projection_rows(cfg, batches=(1,), contexts=(4096,)) if x["policy"] == "checkpoint"][0]
+    kv = 4096 * cfg.kv_bytes_per_token(2)
+    assert r["round_bytes"] == pytest.approx(reads + r["state_bytes"] + 3 * kv)
+    assert r["memory_bytes"] > held

@@ -230,7 +230,7 @@ def test_an_oversized_file_is_refused_without_reading_it_all(tmp_path, monkeypat
 
 def test_widgets_and_figures_refuse_a_damaged_file(tmp_path):
     import json
-    from kestrel.lab import undo, widgets
+    from kestrel.lab import serving, widgets
     d = json.loads((ROOT / "results" / "bench_spec.json").read_text())
     d["large"]["units"]["ckpt"]["2"] = "fast"
     p = tmp_path / "bench_spec.json"
@@ -244,4 +244,4 @@ def test_widgets_and_figures_refuse_a_damaged_file(tmp_path):
     (tmp_path / "bench_engine.json").write_text(json.dumps(e))
     with pytest.raises(results.ResultsFileError, match="device_props.memory_bytes"):
         results.load_engine("bench_engine", folder=tmp_path)
-    assert undo.device_memory()[0] > 0
+    assert serving.device_memory()[0] > 0

@@ -5,8 +5,9 @@
     results.py    results files: the writer the benchmark scripts use, the validating readers
     records*.py   the typed records those readers return; checks.py their field checks
     plots.py      offline plotly figures, provenance stamps, tables, the spread of repeats
-    sizes.py      state and weight sizes per shape (chapter 1), projection uses (chapter 7)
+    sizes.py      state and weight sizes per shape (chapter 1), projection uses (chapter 10)
     undo.py       chapter 8's storage, traffic and timing of the three ways to undo
+    serving.py    chapter 8's projection to many sequences, the fits, the decision table
     primer.py     the back-of-envelope speedup of the primer chapter
     wiring.py     four wrong wirings of the MTP head, each bit-exact (chapter 4)
     batching.py   greedy and the undo strategies at batch sizes B (chapter 9, scripts/bench_batch.py)

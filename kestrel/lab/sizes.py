@@ -1,5 +1,5 @@
 """State and weight sizes of a config, derived from its shapes (chapter 1's tables), and how
-often one decode step runs each projection (chapter 7's sums of the projection benchmark).
+often one decode step runs each projection (chapter 10's sums of the projection benchmark).
 
 The point they make: a GDN layer's state is a fixed [nv, dk, dv] matrix per layer, whatever
 the sequence length, updated in place; attention's KV cache grows by a row per token and is

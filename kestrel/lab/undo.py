@@ -24,18 +24,15 @@ import numpy as np
 from kestrel import speculative as spec
 from kestrel.config import PRESETS
 
-from . import sweep, results
+from . import sweep
 from .checks import ResultsFileError
 from .diagrams.common import POLICY_NAMES, _fmt_bytes, _policy_color, legend_below
-from kestrel.program import param_count
 from kestrel.engine import Engine, generate
 from .plots import PHASE_COLORS, figure, annotate_provenance
-from kestrel.speculative.cost import serving_projection
 
 __all__ = ["WAYS", "storage_rows", "traffic_rows", "table", "PolicyTiming", "time_policies", "timing_figure",
-           "bit_exact_matrix", "large_comparison", "large_table", "projection_figure",
-           "projection_rows", "fmt_bytes", "storage_table", "short_source", "fits_rows", "device_memory", "large_figure", "fold_matches_steps",
-           "cost_rows"]
+           "bit_exact_matrix", "large_comparison", "large_table", "fmt_bytes", "storage_table", "short_source",
+           "large_figure", "fold_matches_steps", "cost_rows"]
 
 WAYS = {"replay": "snapshot + replay (M=1)", "flex-replay": "snapshot + replay (batched)",
         "checkpoint": "per-row checkpoints", "input-cache": "input cache"}
@@ -141,15 +138,26 @@ class PolicyTiming:
         """(median, min, max)."""
         return statistics.median(values), min(values), max(values)
 
+    @property
+    def predicted_speedups(self) -> list:
+        """The cost model's speedup for each repeat's own rounds (its greedy over its prediction)."""
+        return [s.greedy_ms_per_token / p for s, p in zip(self.summaries, self.predicted_ms_per_token)]
+
+    @property
+    def misses(self) -> list:
+        """The cost model's miss for each repeat, the book's one convention: measured speedup ÷
+        predicted speedup − 1 (negative: the run was slower than the model said)."""
+        return [s / p - 1 for s, p in zip(self.speedups, self.predicted_speedups)]
+
     def row(self) -> dict:
         m, lo, hi = self.spread(self.ms)
         g = self.spread(self.greedy_ms)
         sp = self.spread(self.speedups)
-        pred = statistics.median(self.predicted_ms_per_token) if self.predicted_ms_per_token else None
+        priced = bool(self.predicted_ms_per_token)
         return {"policy": self.policy, "ms/token": f"{m:.3f}", "range": f"{lo:.2f}..{hi:.2f}",
                 "greedy": f"{g[0]:.3f}", "speedup": f"{sp[0]:.3f}×",
-                "cost model": "" if pred is None else f"{pred:.3f}",
-                "error": "" if pred is None else f"{(m - pred) / pred:+.1%}", "exact": self.bit_exact}
+                "cost model": f"{statistics.median(self.predicted_speedups):.3f}×" if priced else "",
+                "miss": f"{statistics.median(self.misses):+.1%}" if priced else "", "exact": self.bit_exact}
 
 
 def time_policies(model, starts, *, T: int = 32, k: int = 3, drafter="mtp", schedule=None, repeats: int = 5,
@@ -320,91 +328,6 @@ def short_source(big: dict) -> str:
     """'measured on <device> at <date>' (+ the file) for a figure's provenance line."""
     where = "live" if big["live"] else "results/bench_spec.json"
     return f"measured on {big.get('device', '?')} at {big.get('date', '?')} ({where})"
-
-
-# ---- where each wins: a projection of the byte formulas -----------------------------------------------
-def projection_rows(cfg, k: int = 3, n: float | None = None, batches=(1, 4, 16, 64, 256),
-                    contexts=(4096, 32768, 131072)) -> list:
-    """spec.cost.serving_projection for B sequences at context L (n: the mean n_ok, default the
-    E16 profile's on the trained pairing). A projection of the formulas, not a measurement."""
-    n = spec.mean_nok(spec.E16_PROFILE, k, "trained") if n is None else n
-    return serving_projection(cfg, k, n, batches=batches, contexts=contexts)
-
-
-def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = None,
-                      batches=(1, 2, 4, 8, 16, 32, 64, 128, 256), contexts=(4096, 32768, 131072), *,
-                      device_bytes: float | None = None, height: int = 460):
-    """A projection of the byte formulas (spec.cost.serving_projection), not a measurement, for
-    B sequences decoding together. what='memory': the memory held (weights + every sequence's
-    live state, what its policy keeps and its KV cache of L tokens), one panel per context L;
-    device_bytes draws one device's memory. what='bytes': the recurrent-state bytes one round
-    reads and writes against the weights read once a round (these do not depend on L)."""
-    from plotly.subplots import make_subplots
-    if what not in ("memory", "bytes"):
-        raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
-    rows = projection_rows(cfg, k, n, batches, contexts)
-    what_t = {"memory": "memory held", "bytes": "bytes moved per round"}[what]
-    title = f"{cfg.name}, k = {k}: {what_t} (a projection, not a measurement)"
-    if what == "memory":
-        fig = make_subplots(rows=1, cols=len(contexts), horizontal_spacing=0.07,
-                            subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])
-        groups = [("snapshot + replay", "replay"), ("checkpoint", "checkpoint"), ("input-cache", "input-cache")]
-        for ci, L in enumerate(contexts):
-            for label, pol in groups:
-                rs = [r for r in rows if r["policy"] == pol and r["context"] == L]
-                fig.add_scatter(x=[r["batch"] for r in rs], y=[r["memory_bytes"] / 1e9 for r in rs],
-                                mode="lines+markers", name=label, legendgroup=label, showlegend=ci == 0,
-                                line=dict(color=_policy_color(pol), width=2.5), marker=dict(size=5),
-                                row=1, col=ci + 1, hovertemplate="B=%{x}: %{y:.0f} GB<extra>" + label + "</extra>")
-            if device_bytes:
-                note = dict(annotation_text=f"one device: {device_bytes / 1e9:.0f} GB",
-                            annotation_position="top left") if ci == 0 else {}
-                fig.add_hline(y=device_bytes / 1e9, line=dict(color="#555", dash="dot"), row=1, col=ci + 1, **note)
-        fig.update_yaxes(rangemode="tozero")
-        fig.update_yaxes(title="GB held", row=1, col=1)
-    else:
-        fig = make_subplots(rows=1, cols=1)
-        L = contexts[0]
-        for pol in POLICY_NAMES:
-            rs = [r for r in rows if r["policy"] == pol and r["context"] == L]
-            fig.add_scatter(x=[r["batch"] for r in rs], y=[r["state_bytes"] / 1e9 for r in rs], mode="lines+markers",
-                            name=f"{pol} ({WAYS[pol]})", line=dict(color=_policy_color(pol), width=2.5),
-                            marker=dict(size=5), hovertemplate="B=%{x}: %{y:.2f} GB<extra>" + pol + "</extra>")
-        w = 2 * param_count(cfg, mtp=False)             # bf16 weights, as serving_projection counts them
-        fig.add_scatter(x=[batches[0], batches[-1]], y=[w / 1e9] * 2, mode="lines", name="the weights, read once a round",
-                        line=dict(color="#555", dash="dot"))
-        fig.update_yaxes(type="log", dtick=1, title="state GB moved a round")
-    ticks = [b for b in batches if b in (1, 4, 16, 64, 256)] or list(batches)
-    fig.update_xaxes(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], tickangle=0)
-    fig.update_xaxes(title="sequences decoding together (B)", row=1, col=(len(contexts) + 1) // 2 if what == "memory"
-                     else 1)
-    fig.update_layout(template="plotly_white", height=height, margin=dict(t=90), title=title)
-    legend_below(fig, 48, 56, left=70)
-    return fig
-
-
-def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 131072)) -> list:
-    """How many sequences fit in `device_bytes` under each way, per context length: (device
-    memory - the weights) // one sequence's memory (live state + what the policy keeps + its KV
-    cache), from the same formulas as projection_rows. A projection, not a measurement."""
-    rows = projection_rows(cfg, k, None, batches=(1,), contexts=contexts)
-    w = 2 * param_count(cfg, mtp=False)
-    out = []
-    for pol in ("replay", "checkpoint", "input-cache"):
-        row = {"way": WAYS[pol].replace(" (M=1)", ""), "policy": pol}
-        for L in contexts:
-            per = next(r["memory_bytes"] for r in rows if r["policy"] == pol and r["context"] == L) - w
-            row[f"L = {L // 1024}K"] = int((device_bytes - w) // per)
-        out.append(row)
-    return out
-
-
-def device_memory() -> tuple:
-    """(bytes, name) of the device results/bench_engine.json was measured on."""
-    d = results.load_engine("bench_engine")
-    if d.device_props is None:
-        raise results.ResultsFileError(f"{d.path}: device_props: missing (the device's memory)")
-    return float(d.device_props.memory_bytes), d.device_props.name
 
 
 def large_figure(big: dict, *, title: str | None = None, height: int = 460):

@@ -200,16 +200,22 @@ def equivalent_alpha(mean: float | None, k: int, pairing=Pairing.ARTICLE) -> flo
 
 
 def serving_projection(cfg, k: int, n: float, batches=(1, 4, 16, 64, 256), contexts=(4096, 32768, 131072),
-                       kv_dtype_bytes: int = 2, weight_bytes: int | None = None) -> list:
+                       kv_dtype_bytes: int = 2, weight_bytes: int | None = None,
+                       read_bytes: int | None = None) -> list:
     """A projection of the byte formulas (Policy.state_traffic), not a measurement: for B
     sequences decoding together at context length L, the memory each policy holds and the bytes
     one round moves, k drafts accepting n each (n may be a mean: the formula is linear in n
     between integers, so it is interpolated).
 
-    memory = weights + B x (live recurrent state + what the policy keeps + KV cache of L tokens)
-    bytes  = weights once + B x (recurrent-state traffic of the round + KV cache read once per row)
+    memory = weights held + B x (live recurrent state + what the policy keeps + KV cache of L tokens)
+    bytes  = weights read once + B x (recurrent-state traffic of the round + KV cache read once per row)
+
+    weight_bytes: the weights held (default: every main-model parameter in bf16); read_bytes:
+    what a step reads of them (default the same; less where an untied embedding table is held
+    whole but read one row a token).
     """
     w = weight_bytes if weight_bytes is not None else 2 * param_count(cfg, mtp=False)
+    wr = read_bytes if read_bytes is not None else w
     lo, f = int(n), n - int(n)
     rows = []
     for pol in POLICIES.values():
@@ -221,6 +227,6 @@ def serving_projection(cfg, k: int, n: float, batches=(1, 4, 16, 64, 256), conte
             for B in batches:
                 rows.append({"policy": pol.name, "batch": B, "context": L,
                              "memory_bytes": w + B * (recurrent_bytes(cfg) + t["kept"] + kv),
-                             "round_bytes": w + B * (t["read"] + t["written"] + k * kv),
+                             "round_bytes": wr + B * (t["read"] + t["written"] + k * kv),
                              "state_bytes": B * (t["read"] + t["written"]), "kept_bytes": B * t["kept"]})
     return rows
