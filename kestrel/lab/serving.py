@@ -22,12 +22,12 @@ from .undo import WAYS, fmt_bytes
 
 
 # ---- choose X when ...: the decision table ------------------------------------------------------------
-def decision_rows(big: dict, cfg, fits: list) -> list:
+def decision_rows(big: dict, cfg, fits: list, k: int = 3) -> list:
     """Chapter 8's decision table: for each situation, the way the measurements (and, for many
     sequences, the projection) pick, and the numbers it rests on. The choice is computed from
     `big` (large_comparison: speedups at the 27B shape) and `fits` (fits_rows: sequences that fit
-    one device, a projection), never typed in, so a run that measures otherwise says otherwise.
-    -> [{"when", "choose", "because"}]"""
+    one device, a projection, at the same k), never typed in, so a run that measures otherwise
+    says otherwise. -> [{"when", "choose", "because"}]"""
     sp = {(r["schedule"], r["policy"]): r["speedup"] for r in big["rows"]}
     e16, art = "E16 profile", "article histogram"
 
@@ -45,15 +45,17 @@ def decision_rows(big: dict, cfg, fits: list) -> list:
                      "choose": b, "because": f"27B, E16: {x(e16, b)} against {x(e16, o)}"})
     b = best(e16, POLICY_NAMES)
     if b:
-        second = max((p for p in POLICY_NAMES if p != b and (e16, p) in sp), key=lambda p: sp[e16, p])
-        tie = sp[e16, second] >= 0.97 * sp[e16, b]          # a tie: within 3 %
+        second = max((p for p in POLICY_NAMES if p != b and (e16, p) in sp), key=lambda p: sp[e16, p],
+                     default=b)
+        tie = second != b and sp[e16, second] >= 0.97 * sp[e16, b]          # a tie: within 3 %
         rows.append({"when": "one sequence, E16-like acceptance",
                      "choose": f"{b} or {second}" if tie else b,
                      "because": f"27B, E16: {x(e16, b)}, {x(e16, second)}"
                                 + (" (within 3 %)" if tie else " next")})
-    kept = {p: spec.Policy.parse(p).state_traffic(cfg, 3, 3)["kept"] for p in ("checkpoint", "input-cache")}
+    kept = {p: spec.Policy.parse(p).state_traffic(cfg, k, k)["kept"] for p in ("checkpoint", "input-cache")}
     fit = {r["policy"]: r for r in fits}
-    short, long = [c for c in fits[0] if c.startswith("L = ")][0], [c for c in fits[0] if c.startswith("L = ")][-1]
+    contexts = [c for c in fits[0] if c.startswith("L = ")]
+    short, long = contexts[0], contexts[-1]
     many = max(("checkpoint", "input-cache"), key=lambda p: (fit[p][short], -kept[p]))
     rows.append({"when": f"many sequences, short contexts ({short})", "choose": many,
                  "because": (f"keeps {fmt_bytes(kept['input-cache'])} a sequence against "
