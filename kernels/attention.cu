@@ -18,6 +18,8 @@
 //          floats; thread t scores cache rows t, t+T, ... (dot over hd in order, fmaf), block max/sum in fixed
 //          order, then thread d accumulates Σ_l e_l V[l, d] in increasing l. Each (head, row)
 //          block is independent of M: row j is bit-identical whatever the batch width.
+//          Batched (a segment table, kernels/common.cuh): grid (heads, the most rows of a
+//          segment, segments); a block past its segment's rows returns at once.
 #include "common.cuh"
 
 // buf[0..hd) = rope(rmsnorm_zc(x)) for one head; every thread returns after a barrier.
@@ -44,13 +46,23 @@ __device__ __forceinline__ void norm_rope_head(const float* __restrict__ x, cons
 extern "C" __global__ void __launch_bounds__(KV_APPEND_THREADS) attn_kv_append(
     const float* __restrict__ kin, int ldk, const float* __restrict__ vin, int ldv, const float* __restrict__ knw,
     const float* __restrict__ cosT, const float* __restrict__ sinT, int rope_row0, float* __restrict__ kc,
-    float* __restrict__ vc, const int* __restrict__ ctrl, int nkv, int hd, int rh, float eps) {
+    float* __restrict__ vc, const int* __restrict__ ctrl, int nkv, int hd, int rh, float eps,
+    const i64* __restrict__ seg) {
     extern __shared__ float sm[];
     griddep_launch();
     griddep_wait();
     float* kb = sm;
     float* red = sm + hd;
     const int h = blockIdx.x, j = blockIdx.y;
+    if (seg) {                     // segment blockIdx.z of a batched launch (common.cuh)
+        const Seg sg = seg_at(seg, blockIdx.z);
+        if (j >= sg.M) return;     // the whole block, before any barrier
+        kin += sg.lo * ldk;
+        vin += sg.lo * ldv;
+        kc = (float*)sg.p0;
+        vc = (float*)sg.p1;
+        ctrl = sg.ctrl;
+    }
     const int p = ctrl[CTRL_POS] + j;
     const i64 crow = (i64)(p - rope_row0) * rh;
     norm_rope_head(kin + (i64)j * ldk + (i64)h * hd, knw, cosT + crow, sinT + crow, hd, rh, eps, kb, red);
@@ -67,7 +79,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_DECODE_THREADS) attn_decode(
     const float* __restrict__ qin, int ldq, const float* __restrict__ qnw, const float* __restrict__ cosT,
     const float* __restrict__ sinT, int rope_row0, const float* __restrict__ kc, const float* __restrict__ vc,
     float* __restrict__ out, int ldo, const int* __restrict__ ctrl, int nh, int nkv, int hd, int rh, float eps,
-    float scale) {
+    float scale, const i64* __restrict__ seg) {
     extern __shared__ float sm[];
     griddep_launch();
     griddep_wait();
@@ -75,6 +87,15 @@ extern "C" __global__ void __launch_bounds__(ATTN_DECODE_THREADS) attn_decode(
     float* red = sm + hd;
     float* sc = red + RED_FLOATS;
     const int i = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    if (seg) {                     // segment blockIdx.z of a batched launch (common.cuh)
+        const Seg sg = seg_at(seg, blockIdx.z);
+        if (j >= sg.M) return;     // the whole block, before any barrier
+        qin += sg.lo * ldq;
+        out += sg.lo * ldo;
+        kc = (const float*)sg.p0;
+        vc = (const float*)sg.p1;
+        ctrl = sg.ctrl;
+    }
     const int p = ctrl[CTRL_POS] + j, L = p + 1, kvh = i / (nh / nkv);
     const float* qr = qin + (i64)j * ldq + (i64)i * 2 * hd;
     const i64 crow = (i64)(p - rope_row0) * rh;

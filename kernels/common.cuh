@@ -18,6 +18,14 @@
 //     graph replay, so one captured graph serves every position:
 //       ctrl[CTRL_POS] = position of row 0, ctrl[CTRL_SLOT] = live GDN state slot,
 //       ctrl[CTRL_TOK + j] = token of row j.
+//   * seg: the kernels with state (GDN, attention) take a segment table, null for one sequence.
+//     Not null, one launch covers several sequences (the batched engine): a grid dimension picks
+//     the segment, and its SEG_WORDS int64 words replace the launch's per-sequence arguments:
+//       seg[SEG_LO] = the sequence's first row in the pass's activation buffers, seg[SEG_M] = its
+//       rows, seg[SEG_P0], seg[SEG_P1] = its state (a GDN ring; K and V caches), seg[SEG_CTRL] =
+//       its own ctrl block (position, live slot), seg[SEG_NSLOTS], seg[SEG_MODE].
+//     A segment's blocks then run exactly the code, on exactly the values, of a launch made for
+//     that sequence alone: its rows are bit-identical whatever else shares the launch.
 #pragma once
 
 typedef unsigned short bf16_t;
@@ -39,6 +47,27 @@ struct SumOp {
 struct MaxOp {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+
+// Segment s of a segment table (see the conventions above).
+struct Seg {
+    i64 lo;
+    int M, nslots, mode;
+    void* p0;
+    void* p1;
+    const int* ctrl;
+};
+__device__ __forceinline__ Seg seg_at(const i64* __restrict__ seg, int s) {
+    const i64* e = seg + (i64)s * SEG_WORDS;
+    Seg r;
+    r.lo = e[SEG_LO];
+    r.M = (int)e[SEG_M];
+    r.nslots = (int)e[SEG_NSLOTS];
+    r.mode = (int)e[SEG_MODE];
+    r.p0 = (void*)e[SEG_P0];
+    r.p1 = (void*)e[SEG_P1];
+    r.ctrl = (const int*)e[SEG_CTRL];
+    return r;
+}
 
 // Warp-wide reduction by xor-butterfly: the same value in every lane, a fixed order.
 template <class Op>

@@ -12,6 +12,7 @@
 //               (summed i = 0..K-1 in order, multiply then add, as NumPy does); hist <- window[1:].
 //             Layout: qkv [M, ldq] (columns 0..C-1), w [C, K], x [M, ldx], hist [C, K-1] per slot.
 //             Launch: grid ceil(C / GDN_CONV_THREADS), block GDN_CONV_THREADS; K <= GDN_CONV_KMAX.
+//             Batched (a segment table, kernels/common.cuh): grid.y = the segments.
 // gdn_recur   one block per value head h (key head h / (nv/nk)), state S_h [dk, dv] fp32 held in
 //             shared memory across the M rows:
 //               q = l2norm(x_q) · dk^-1/2, k = l2norm(x_k), v = x_v   (l2norm: x · 1/sqrt(Σx² + GDN_L2_EPS))
@@ -31,16 +32,28 @@
 //             gdn_recur_cluster: the same arithmetic with each head's columns split over a cluster
 //             of GDN_CLUSTER blocks (its own section below); the default for those dims on sm_90
 //             and later (thread-block clusters), gdn_recur_regs before.
+//             Batched (a segment table, kernels/common.cuh): grid.y = the segments, each block
+//             running its segment's rows on its segment's state.
 #include "common.cuh"
 
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     const float* __restrict__ qkv, int ldq, const float* __restrict__ w, float* __restrict__ xo, int ldx,
     float* __restrict__ hist_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,
-    int C, int K) {
+    int C, int K, const i64* __restrict__ seg) {
     griddep_launch();
     griddep_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
+        const Seg sg = seg_at(seg, blockIdx.y);
+        qkv += sg.lo * ldq;
+        xo += sg.lo * ldx;
+        M = sg.M;
+        hist_ring = (float*)sg.p0;
+        ctrl = sg.ctrl;
+        nslots = sg.nslots;
+        mode = sg.mode;
+    }
     const int slot = ctrl[CTRL_SLOT];
     float* hin = hist_ring + (i64)(slot % nslots) * slot_stride + (i64)c * (K - 1);
     float win[GDN_CONV_KMAX], wc[GDN_CONV_KMAX];
@@ -71,6 +84,25 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
         for (int i = 0; i < GDN_CONV_KMAX - 1; ++i)
             if (i < K - 1) hin[i] = win[i];
     }
+}
+
+// gdn_move_inputs: in a batched pass (segment table, common.cuh) the GDN layers read and the
+// in-projection writes the pass's rows, not each sequence's input cache (seg[SEG_P0]: that
+// layer's cache, rows of ldc floats). to_cache = 1 copies a cached verify's rows into its cache,
+// so the fold reads what a single-sequence cached verify would have left there; to_cache = 0
+// gathers each sequence's cached rows into the pass, for a batched fold.
+// Launch: grid (ceil(n / GDN_CONV_THREADS), the most rows of a segment, segments).
+extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_move_inputs(
+    float* __restrict__ rows, int ldr, int ldc, int n, int to_cache, const i64* __restrict__ seg) {
+    griddep_launch();
+    griddep_wait();
+    const Seg sg = seg_at(seg, blockIdx.z);
+    const int j = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= sg.M || c >= n) return;
+    float* cache = (float*)sg.p0 + (i64)j * ldc + c;
+    float* row = rows + (sg.lo + j) * ldr + c;
+    if (to_cache) *cache = *row;
+    else *row = *cache;
 }
 
 // dst[0..n) = src[0..n) by the whole block; 16-byte accesses, eight in flight per thread.
@@ -105,11 +137,24 @@ __device__ __forceinline__ void gdn_recur_body(
     const float* __restrict__ a, int lda, const float* __restrict__ A_log, const float* __restrict__ dt_bias,
     const float* __restrict__ norm_w, float* __restrict__ y, int ldy, float* __restrict__ S_ring, i64 slot_stride,
     int nslots, int mode, const int* __restrict__ ctrl, int M, int nk, int nv, int dk_arg, int dv_arg, float qscale,
-    float eps) {
+    float eps, const i64* __restrict__ seg) {
     extern __shared__ float4 sm4[];   // float4: 16-byte aligned for the vector state copies
     float* sm = reinterpret_cast<float*>(sm4);
     griddep_launch();
     griddep_wait();
+    if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
+        const Seg sg = seg_at(seg, blockIdx.y);
+        xc += sg.lo * ldx;
+        z += sg.lo * ldz;
+        b += sg.lo * ldb;
+        a += sg.lo * lda;
+        y += sg.lo * ldy;
+        M = sg.M;
+        S_ring = (float*)sg.p0;
+        ctrl = sg.ctrl;
+        nslots = sg.nslots;
+        mode = sg.mode;
+    }
     const int dk = REGS ? DK : dk_arg, dv = REGS ? DV : dv_arg;
     constexpr int NSLICE = REGS ? (GDN_RECUR_THREADS / DV < DK ? GDN_RECUR_THREADS / DV : DK) : 1;
     constexpr int NPER = REGS ? (DK + NSLICE - 1) / NSLICE : 1;
@@ -252,9 +297,9 @@ __device__ __forceinline__ void gdn_recur_body(
         int ldb, const float* __restrict__ a, int lda, const float* __restrict__ A_log,                               \
         const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ y, int ldy,          \
         float* __restrict__ S_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,       \
-        int nk, int nv, int dk, int dv, float qscale, float eps) {                                                     \
+        int nk, int nv, int dk, int dv, float qscale, float eps, const i64* __restrict__ seg) {                       \
         gdn_recur_body<REGS, DK, DV>(xc, ldx, z, ldz, b, ldb, a, lda, A_log, dt_bias, norm_w, y, ldy, S_ring, slot_stride,    \
-                             nslots, mode, ctrl, M, nk, nv, dk, dv, qscale, eps);                                     \
+                             nslots, mode, ctrl, M, nk, nv, dk, dv, qscale, eps, seg);                                \
     }
 GDN_RECUR_KERNEL(gdn_recur, false, 0, 0)
 GDN_RECUR_KERNEL(gdn_recur_regs, true, GDN_RECUR_REGS_DK, GDN_RECUR_REGS_DV)
@@ -293,7 +338,7 @@ static_assert(CL_DK % 32 == 0 && CL_DK % CL_NSLICE == 0, "gdn_recur_cluster: hea
         int ldb, const float* __restrict__ a, int lda, const float* __restrict__ A_log,                     \
         const float* __restrict__ dt_bias, const float* __restrict__ norm_w, float* __restrict__ y, int ldy,\
         float* __restrict__ S_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl,    \
-        int M, int nk, int nv, int dk_arg, int dv_arg, float qscale, float eps
+        int M, int nk, int nv, int dk_arg, int dv_arg, float qscale, float eps, const i64* __restrict__ seg
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 // Clusters and distributed shared memory need sm_90: older GPUs get a stub (gdn_recur_variant never
@@ -339,6 +384,19 @@ gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     __shared__ float osq[2][R][GDN_CLUSTER];            // Σo² of each block's columns (written by every block)
     griddep_launch();
     griddep_wait();
+    if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
+        const Seg sg = seg_at(seg, blockIdx.y);
+        xc += sg.lo * ldx;
+        z += sg.lo * ldz;
+        b += sg.lo * ldb;
+        a += sg.lo * lda;
+        y += sg.lo * ldy;
+        M = sg.M;
+        S_ring = (float*)sg.p0;
+        ctrl = sg.ctrl;
+        nslots = sg.nslots;
+        mode = sg.mode;
+    }
     cluster_arrive_relaxed();                 // every block of the cluster has started: paired below
     const unsigned rank = cluster_rank();
     const int h = (int)cluster_id_x(), kh = h / (nv / nk);

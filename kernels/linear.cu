@@ -21,7 +21,8 @@
 //
 // Launch   block = LINEAR_THREADS = 128 threads = NW = 4 warps. `ksplit` warps (1, 2 or 4, chosen
 //          from K alone) share the K range of one group of RL output rows; a block holds
-//          NW/ksplit such groups. grid = (ceil(N_out / (RL · NW/ksplit)), ceil(M / MT)). Each block reads its weight rows
+//          NW/ksplit such groups. grid = ceil(N_out / (RL · NW/ksplit)) · ceil(M / MT) (the block
+//          order below). Each block reads its weight rows
 //          once for all MT activation rows: one pass over W serves a whole verify batch.
 //          VEC = elements per 16-byte weight load (8 bf16, 4 fp32), or 1 (scalar fallback for
 //          K, ldw or pointers that are not 16-byte multiples).
@@ -37,7 +38,21 @@
 //          The arithmetic grows with M (MT · 8 fmaf per 16-byte load), which is why M = 4 streams
 //          slower than M = 1 here: deeper stages made it slower still (registers, so occupancy),
 //          so the limit is the instructions per weight byte, not the loads in flight.
+//
+// ==== block order (all) ===============================================================================
+//
+// M rows go in row groups of 8 (MT under gemv_{bf16,f32}_*) and a weight tile block reads its
+// weights once per row group. The row groups of one tile block are adjacent in the grid
+// (blockIdx.x = tile block · nrg + row group, nrg = ceil(M / 8)), so the blocks that read the
+// same weights run together and all but the first find them in L2: one pass over the weights
+// from memory however many rows share the launch (the batched engine's many sequences). Which
+// block computes a row changes with M; a row's arithmetic does not.
 #include "common.cuh"
+
+// (tile block, row group) of this block, row groups of `rows` (blockIdx.x: see "block order")
+__device__ __forceinline__ int row_groups(int M, int rows) { return (M + rows - 1) / rows; }
+__device__ __forceinline__ int tile_block(int M, int rows) { return blockIdx.x / row_groups(M, rows); }
+__device__ __forceinline__ int row_group(int M, int rows) { return blockIdx.x % row_groups(M, rows); }
 
 // element e of a 16-byte chunk (e is a compile-time constant after unrolling)
 template <bool BF16>
@@ -92,8 +107,9 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
     __shared__ float red[NW][MT * RR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ngroups = NW / ksplit, grp = warp / ksplit, wk = warp - grp * ksplit;
-    const int nbase = (blockIdx.x * ngroups + grp) * RL;
-    const int m0 = blockIdx.y * MT;
+    const int bx = tile_block(M, MT);
+    const int nbase = (bx * ngroups + grp) * RL;
+    const int m0 = row_group(M, MT) * MT;
     const int mc = min(MT, M - m0);
     const int nch = K / VEC;
     const int stride = 32 * ksplit;
@@ -171,7 +187,7 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
     const int nout = ngroups * MT * RL;
     for (int t = threadIdx.x; t < nout; t += blockDim.x) {
         const int g = t / (MT * RL), rem = t - g * (MT * RL), m = rem / RL, r = rem - m * RL;
-        const int l = (blockIdx.x * ngroups + g) * RL + r;
+        const int l = (bx * ngroups + g) * RL + r;
         if (m >= mc || l >= N) continue;
         float s = red[g * ksplit][m * RR + r];
         for (int q = 1; q < ksplit; ++q) s += red[g * ksplit + q][m * RR + r];
@@ -290,7 +306,7 @@ __device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, 
 //          permutation: mma slot 2t+j <-> k = 32kb + 8t + 4s + j, slot 2t+8+j <-> k = 32kb + 8t + 4s + 2 + j). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
 //          x [M, ldx] fp32 as the model writes it.
 // Launch   block = NW warps = NW tiles (warp w: tile NW·blockIdx.x + w) × one K part (blockIdx.z of ks,
-//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8 activation rows (blockIdx.y). Each stage of KC k
+//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8 activation rows (the block order above). Each stage of KC k
 //          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
 //          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
 //          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
@@ -348,12 +364,12 @@ __device__ __forceinline__ void tmb_fold(float (&acc)[4], float (&dh)[4], float 
 // ks parts to arrive adds them in index order; then the epilogue. Called by whole warps.
 template <int EPI>
 __device__ __forceinline__ void tmb_finish(float (&acc)[4], float* __restrict__ Y, int ldy, int N, int ntiles,
-                                           int ks, int tile, int m0, int mc, float4* __restrict__ part,
+                                           int ks, int tile, int m0, int mc, int nrg, float4* __restrict__ part,
                                            int* __restrict__ count) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     if (ks > 1) {
-        const int slot = blockIdx.y * ntiles + tile;
-        const i64 stride = (i64)gridDim.y * ntiles * 32;   // one part
+        const int slot = (m0 / 8) * ntiles + tile;
+        const i64 stride = (i64)nrg * ntiles * 32;   // one part
         part[blockIdx.z * stride + (i64)slot * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
         __threadfence();   // each lane's part is visible device-wide before the tile's count moves
         __syncwarp();
@@ -424,9 +440,9 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     __shared__ unsigned long long wfull[ST], xfull[ST];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile0 = blockIdx.x * NW, tile = tile0 + warp;
+    const int tile0 = tile_block(M, 8) * NW, tile = tile0 + warp;
     const int nt = min(NW, ntiles - tile0);
-    const int m0 = blockIdx.y * 8, mc = min(8, M - m0);
+    const int m0 = row_group(M, 8) * 8, mc = min(8, M - m0);
     const int nkb = K / 32, z = blockIdx.z;
     const int klo = 32 * (int)((i64)z * nkb / ks), khi = 32 * (int)((i64)(z + 1) * nkb / ks);
     const int nst = (khi - klo + KC - 1) / KC;
@@ -502,7 +518,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
     if (warp >= nt) return;
-    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, part, count);
+    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, row_groups(M, 8), part, count);
 }
 #endif
 
@@ -524,7 +540,7 @@ GEMV_TMB_VARIANTS
 // Layout   tmb_tiled's: lane (g, t)'s A fragments of 32-k block kb are the uint4 at 1024kb + 16·lane
 //          (mma step 0) and + 512 (step 1) of its tile, so one warp load reads 512 contiguous
 //          bytes and lands in the four registers the mma reads.
-// Launch   block = T + 1 warps × one K part (blockIdx.z) × 8 activation rows (blockIdx.y). Warps
+// Launch   block = T + 1 warps × one K part (blockIdx.z) × 8 activation rows (block order). Warps
 //          0..T−1 take tiles T·blockIdx.x + w and only load weights and multiply; warp T splits the
 //          activations. A compute warp walks its K part in stages of P 32-k blocks through two
 //          register buffers: the first mma of stage s waits for its loads (in the code the compiler
@@ -545,9 +561,9 @@ __device__ __forceinline__ void gemv_tmr_body(const bf16_t* __restrict__ W, cons
     __shared__ __align__(16) uint4 xs[2][G][96];     // [buffer][kb][j·32 + lane]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool splitter = warp == T;
-    const int tile = blockIdx.x * T + warp;
+    const int tile = tile_block(M, 8) * T + warp;
     const bool live = !splitter && tile < ntiles;
-    const int m0 = blockIdx.y * 8, mc = min(8, M - m0);
+    const int m0 = row_group(M, 8) * 8, mc = min(8, M - m0);
     const int nkb = K / 32, z = blockIdx.z;
     const int kb0 = (int)((i64)z * nkb / ks), nkbp = (int)((i64)(z + 1) * nkb / ks) - kb0;
     const int ngr = (nkbp + G - 1) / G;
@@ -627,7 +643,7 @@ __device__ __forceinline__ void gemv_tmr_body(const bf16_t* __restrict__ W, cons
         tmb_fold(acc, dh, dm, dl);
         __syncthreads();
     }
-    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, part, count);
+    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, row_groups(M, 8), part, count);
 }
 
 #define GEMV_TMR_KERNEL(T, P, EPI)                                                                                    \

@@ -157,6 +157,11 @@ class CPUBackend:
         env = {f"gdn_in.{g}": st.gdn_in[g, :n] for g in range(st.gdn_in.shape[0])}
         self.execute(model, prog, prog.ops, env, st, 0, "in_place")
 
+    def fold_batch(self, model, prog, folds: list):
+        """Several sequences' folds: folds = [(n, DeviceState)], one after another."""
+        for n, st in folds:
+            self.fold(model, prog, st, n)
+
     def execute(self, model, prog, ops, env: dict, st, pos: int, gdn_mode: str = "in_place"):
         """Run `ops` (a slice of `prog`, e.g. one layer's mixer) on the buffers in `env`: one
         sequence's rows at positions pos.. on DeviceState st."""

@@ -29,8 +29,11 @@ count, position, token or n for one slot raises a named error and leaves every s
 bit-identical. A slot that is not in use (never joined, or left) raises SlotError, as does a
 join when every slot is in use.
 
-Backends: the CPU runs the pass as above. The CUDA backend has no batched launch plan yet
-(its plans are captured per engine and per row count): a BatchEngine on it is refused.
+Backends: the CPU runs the pass as above. The CUDA backend lowers each pass into one plan
+(kestrel/cuda/lower.py lower_batch): every row-wise op is one launch over all the rows, and every
+op with state is one launch whose segment table (kernels/common.cuh) hands each slot's blocks
+that slot's rows, state, mode and position; the plan is cached per batch shape and replayed as
+a CUDA graph. The folds of a fold_cached call are one such pass too.
 """
 from __future__ import annotations
 
@@ -174,9 +177,23 @@ class BatchEngine:
             self._engines[s].select_checkpoint(n)
 
     def fold_cached(self, ns: dict):
-        """{slot: n}: each slot folds the first n rows of its pending cached verify."""
-        for s, n in self._accepts(ns, "cached", "fold_cached").items():
-            self._engines[s].fold_cached(n)
+        """{slot: n}: each slot folds the first n rows of its pending cached verify, every slot's
+        rows in one pass (Model.fold_batch), each slot's state as its Engine.fold_cached leaves it."""
+        if not isinstance(ns, dict) or not ns:
+            raise KestrelError(f"fold_cached: takes a non-empty dict {{slot: n}}, got {ns!r:.60}")
+        acc = {}
+        for slot, n in ns.items():
+            s = self._slot(slot, "fold_cached")
+            acc[s] = self._engines[s]._accept("cached", n, f"fold_cached (slot {s})")     # no state touched
+        self.fold_states([(n, self._engines[s].state) for s, (_, _, n) in sorted(acc.items()) if n])
+        for s, (pos, _, n) in acc.items():
+            self._engines[s]._folded(pos, n)
+
+    def fold_states(self, folds: list):
+        """[(n, DeviceState)]: run those folds now, in one pass (the batched driver defers each
+        sequence's fold to here, after every sequence has ended its round)."""
+        if folds:
+            self.model.fold_batch(folds)
 
     def snapshot_state(self) -> dict:
         """slot -> that slot's Engine.snapshot_state(), every slot (tests compare them bit for bit)."""

@@ -231,6 +231,11 @@ class Engine:
         pos, m, n = self._accept("cached", n, "fold_cached")
         if n:
             self.model.fold(n, self.state)
+        self._folded(pos, n)
+
+    def _folded(self, pos: int, n: int):
+        """fold_cached's bookkeeping, once its n rows are folded (or will be, by a batched fold
+        that runs before anything reads the state: kestrel/batch.py)."""
         self.pending = None
         self._cursor = pos
         self._advance(n)

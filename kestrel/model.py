@@ -52,6 +52,11 @@ class Model:
         place: S and hist become exactly what n plain steps would have left."""
         self.be.fold(self, self.fold_prog, state, n)
 
+    def fold_batch(self, folds: list):
+        """fold() for several sequences at once: folds = [(n, state)], each as its fold alone
+        (one batched pass on the GPU)."""
+        self.be.fold_batch(self, self.fold_prog, folds)
+
     def mtp_forward(self, tokens, hidden, pos: int, state):
         """MTP head over M rows at positions pos.. of its own KV cache: (h' [M,D], logits [M,V])."""
         return self.be.run(self, self.mtp_prog, state, tokens, pos, hid=hidden)

@@ -39,7 +39,13 @@ SMEM_MAX = 227 * 1024                             # the most one block may opt i
 # graph replay, so one captured graph serves every position (kernels/common.cuh).
 CTRL_POS, CTRL_SLOT, CTRL_TOK = 0, 1, 4
 RED_FLOATS = 32           # shared-memory floats of a block reduction (one per warp, <= 32 warps)
-COMMON_DEFINES = {"CTRL_POS": CTRL_POS, "CTRL_SLOT": CTRL_SLOT, "CTRL_TOK": CTRL_TOK, "RED_FLOATS": RED_FLOATS}
+# A segment table: one launch of a kernel with state (GDN, attention) over several sequences' rows,
+# SEG_WORDS int64 words a sequence (kernels/common.cuh; written by kestrel/cuda/lower.py lower_batch).
+SEG_WORDS = 8
+SEG_LO, SEG_M, SEG_P0, SEG_P1, SEG_CTRL, SEG_NSLOTS, SEG_MODE = range(7)
+COMMON_DEFINES = {"CTRL_POS": CTRL_POS, "CTRL_SLOT": CTRL_SLOT, "CTRL_TOK": CTRL_TOK, "RED_FLOATS": RED_FLOATS,
+                  "SEG_WORDS": SEG_WORDS, "SEG_LO": SEG_LO, "SEG_M": SEG_M, "SEG_P0": SEG_P0, "SEG_P1": SEG_P1,
+                  "SEG_CTRL": SEG_CTRL, "SEG_NSLOTS": SEG_NSLOTS, "SEG_MODE": SEG_MODE}
 
 POISON = False            # tests: fill every scratch and output buffer with NaN before use
 
@@ -47,8 +53,8 @@ i32, i64, f32 = np.int32, np.int64, np.float32
 
 
 def ptr(a) -> np.uint64:
-    """A device pointer as a kernel argument (works for views with an offset)."""
-    return np.uint64(a.data.ptr)
+    """A device pointer as a kernel argument (works for views with an offset); None: a null pointer."""
+    return np.uint64(0 if a is None else a.data.ptr)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -4,13 +4,15 @@ OUTDIR/bench_batch.json + .md (kestrel/lab/batching.py does the measuring).
 
     python3 scripts/bench_batch.py --out OUTDIR                              # the embedded model
     python3 scripts/bench_batch.py --preset test-b --B 1 4 16 --T 24 --out OUTDIR
+    python3 scripts/bench_batch.py --preset qwen3.5-27b --dtype bf16 --gemv tmb --B 1 4 16 --out OUTDIR
 
 Each sequence replays its own random draws of one acceptance profile (the article's E16 under
 the trained pairing by default) with the replay drafter, which runs and pays for the real MTP
 steps. The table gives tokens/s of the whole batch, ms per output token of one sequence, the
 speedup over greedy at the same B, bit-exactness of every stream, and each policy's own account
-of the recurrent-state bytes it moves per round and holds. The batched pass runs on the CPU
-backend; the CUDA backend has no batched launch plan yet and refuses a BatchEngine.
+of the recurrent-state bytes it moves per round and holds. On the GPU the greedy rows also give
+the weight-streaming floor: B tokens a pass can go no faster than one read of the weights a pass
+(kestrel/lab/roofline.py), and the table says how far each B's greedy pass is from it.
 """
 from __future__ import annotations
 
@@ -24,14 +26,14 @@ sys.path.insert(0, str(ROOT))
 
 import kestrel  # noqa: E402
 from kestrel import speculative as spec  # noqa: E402
-from kestrel.lab import batching, results  # noqa: E402
+from kestrel.lab import batching, results, roofline  # noqa: E402
 
 
 def render(d: dict) -> str:
     L = ["# Many sequences at once: greedy and the undo strategies at batch size B", "",
          f"- device: {d['device']}", f"- date: {d['date']}", f"- command: `{d['command']}`",
          f"- commit: {d.get('commit')}",
-         f"- model: {d['model']}; T = {d['T']} tokens a sequence; drafts: the replay drafter, each sequence its own "
+         f"- model: {d['model']} ({d.get('weights', 'fp32')} weights, kernels {d.get('kernels')}); T = {d['T']} tokens a sequence; drafts: the replay drafter, each sequence its own "
          f"draws of the profile {d['profile']} ({d['pairing']} pairing)", "",
          "`speedup`: greedy's batch time at the same B over the row's. `moved/round`: recurrent-state bytes one "
          "sequence reads + writes per round, the policy's own account over the rounds run (mean over the "
@@ -44,6 +46,18 @@ def render(d: dict) -> str:
         L.append(f"| {r['B']} | {r['mode']} | {r['k'] or ''} | {r['tokens_per_s']:.1f} | {r['ms_per_token']:.3f} | "
                  f"{r['speedup']:.2f}x | {r.get('tokens_per_round', 1.0):.2f} | {moved} | "
                  f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |")
+    fl = d.get("floor")
+    if fl:
+        g = {r["B"]: r for r in d["rows"] if r["mode"] == "greedy"}
+        L += ["", f"## Greedy against the weight-streaming floor", "",
+              f"A greedy pass reads every weight once ({fl['weight_bytes'] / 1e9:.2f} GB, whatever B is); at "
+              f"{fl['Bps'] / 1e12:.2f} TB/s ({fl['kind']}, measured in this run) that is {fl['ms']:.3f} ms, the "
+              "floor of one pass. `pass / floor`: the measured greedy pass over it. `x B=1`: tokens/s over "
+              "tokens/s at B = 1.", "", "| B | pass (ms) | pass / floor | tokens/s | x B=1 |", "|---|---|---|---|---|"]
+        one = g.get(min(g)) if g else None
+        for B, r in sorted(g.items()):
+            L.append(f"| {B} | {r['ms_per_token']:.3f} | {r['ms_per_token'] / fl['ms']:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['tokens_per_s'] / one['tokens_per_s']:.1f} |")
     return "\n".join(L) + "\n"
 
 
@@ -54,16 +68,30 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--B", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--k", type=int, nargs="+", default=[2, 3, 4])
-    ap.add_argument("--policies", nargs="+", default=["replay", "checkpoint", "input-cache"])
+    ap.add_argument("--policies", nargs="*", default=["replay", "checkpoint", "input-cache"],
+                    help="undo strategies (none: greedy only)")
+    ap.add_argument("--greedy-B", type=int, nargs="*", default=[], help="more batch sizes, greedy only")
     ap.add_argument("--T", type=int, default=32)
+    ap.add_argument("--dtype", default=None, choices=("fp32", "bf16"), help="weights (default: the preset's)")
+    ap.add_argument("--gemv", default=None, help="the CUDA backend's bf16 GEMV (kernel option gemv)")
     a = ap.parse_args(argv)
-    model = kestrel.load(a.preset, device=a.device)
+    kw = {"dtype": a.dtype} if a.dtype else {}
+    if a.gemv:
+        kw["kernels"] = {"gemv": a.gemv}
+    model = kestrel.load(a.preset, device=a.device, **kw)
     rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print)
+    if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)
+        rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print)
+    bw = roofline.read_bandwidth(model.be)
+    wb = roofline.weight_bytes(model.cfg, model.weight_dtype)
+    floor = {"weight_bytes": wb, "Bps": bw["Bps"], "kind": bw["kind"], "ms": wb / bw["Bps"] * 1e3}
     prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               results.recorded_command("scripts/bench_batch.py",
                                                        argv if argv is not None else sys.argv[1:], {}),
                               results.measured_commit(), None)
-    d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained", "rows": rows}
+    d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained", "rows": rows,
+         "weights": model.weight_dtype, "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(),
+         "floor": floor}
     path = results.write(a.out, "bench_batch", d, render, prov)
     print(f"wrote {path}")
     return path

@@ -1,22 +1,50 @@
 """The batched engine (kestrel/batch.py): each sequence bit-identical to itself decoded alone,
-whatever shares the pass; per-slot undo; bad input for one slot leaves every slot as it was."""
+whatever shares the pass; per-slot undo; bad input for one slot leaves every slot as it was.
+
+The tests that take `tiny` or `model` run on the CPU and, where CuPy sees a GPU, on the CUDA
+backend too (one batched launch plan a pass, kestrel/cuda/lower.py lower_batch): there every
+slot is compared with a single-sequence Engine on the GPU, bit for bit. On the GPU `model` also
+runs a bf16 model on the tensor-core GEMV (kernels/linear.cu gemv_tmb), whose passes of up to
+20 rows span several row groups."""
 import numpy as np
 import pytest
 
 import kestrel
+from gpu import NDEV
 
 POLICIES = ("replay", "checkpoint", "input-cache")
+_GPU = [pytest.mark.gpu, pytest.mark.skipif(NDEV == 0, reason="no CUDA GPU visible to CuPy")]
+DEVICES = ["cpu", pytest.param("cuda", marks=_GPU)]
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny_cpu():
     return kestrel.load("tiny", device="cpu")
 
 
-@pytest.fixture(scope="module", params=["tiny", "test-b"])
-def model(request, tiny):
-    return tiny if request.param == "tiny" else kestrel.load("test-b", device="cpu",
-                                                            seed=int(np.random.SeedSequence().entropy % 2 ** 31))
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(request, tiny_cpu):
+    return tiny_cpu if request.param == "cpu" else kestrel.load("tiny", device="cuda")
+
+
+def _seed() -> int:
+    return int(np.random.SeedSequence().entropy % 2 ** 31)
+
+
+@pytest.fixture(scope="module", params=["tiny", "test-b",
+                                        pytest.param("tiny@cuda", marks=_GPU), pytest.param("test-b@cuda", marks=_GPU),
+                                        pytest.param("test-b@cuda-bf16-tmb", marks=_GPU)])
+def model(request, tiny_cpu):
+    name = request.param
+    if name == "tiny":
+        return tiny_cpu
+    if name == "test-b":
+        return kestrel.load("test-b", device="cpu", seed=_seed())
+    if name == "tiny@cuda":
+        return kestrel.load("tiny", device="cuda")
+    if name == "test-b@cuda":
+        return kestrel.load("test-b", device="cuda", seed=_seed())
+    return kestrel.load("test-b", device="cuda", dtype="bf16", seed=_seed(), kernels={"gemv": "tmb"})
 
 
 def _prompt(rng, model, lo=2, hi=12):
@@ -231,12 +259,13 @@ def test_bad_input_for_one_slot_changes_no_slot(tiny, rng):
         kestrel.BatchEngine(m, slots=2)
 
 
-def test_a_batch_dependent_order_breaks_it(tiny, rng):
+def test_a_batch_dependent_order_breaks_it(tiny_cpu, rng):
     """The negative control: a projection whose summation order depends on how many rows share
     the pass (kestrel.lab.batching.order_depends_on_batch: K split into 1, 2 or 3 parts by the
     row count, as a GEMM picking its kernel by shape would) makes a slot's logits in a mixed pass
     differ from the same call alone; with the fixed order they are equal."""
     from kestrel.lab import batching
+    tiny = tiny_cpu
     p1, p2 = _prompt(rng, tiny, 4, 8), _prompt(rng, tiny, 4, 8)
 
     def shared_and_alone():

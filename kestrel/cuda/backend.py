@@ -25,8 +25,8 @@ from ..ops import rope as _rope
 from ..program import expected_shapes, param_count, stacks
 from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
 from .. import nvrtc as L
-from .lower import lower
-from .cache import GRAPH_MAX_ROWS, PlanCache
+from .lower import lower, lower_batch
+from .cache import BATCH_PLAN_CACHE, GRAPH_MAX_ROWS, PlanCache
 from .options import KernelOptions
 from .plan import Staging
 
@@ -67,6 +67,7 @@ class CUDABackend:
         self._staging = Staging(self.stream)
         self._rope = {}
         self._plans = weakref.WeakKeyDictionary()     # model -> PlanCache (cache.py)
+        self._batch_plans = weakref.WeakKeyDictionary()   # model -> PlanCache of batched passes
         self._stacks = weakref.WeakKeyDictionary()    # model -> {stack name: matrix}
         self._tiled = weakref.WeakKeyDictionary()     # model -> {matrix key: (matrix, tiled copy)}
         # plans_lowered counts the cached plans (M <= GRAPH_MAX_ROWS); wider ones (a prompt) are lowered per call
@@ -233,6 +234,101 @@ class CUDABackend:
             if cache:      # the plan's buffers are reused by its next run
                 return tuple(None if a is None else a.copy() for a in out)
             return out
+
+    # ---- several sequences in one pass (the batched engine, kestrel/batch.py) -------------------
+    def _batch_plan(self, model, prog, shape: list):
+        """The cached plan of a batched pass: shape = [(DeviceState, rows, gdn_mode)] (lower_batch)."""
+        key = (prog.name, self.stack_projections, self.kernels,
+               tuple((m, mode, st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))
+                     for st, m, mode in shape))
+        plans = self._batch_plans.setdefault(model, PlanCache(BATCH_PLAN_CACHE))
+        plan, made = plans.get_or_make(key, lambda: lower_batch(self, model, prog, shape))
+        self.stats["plans_lowered"] += made
+        return plan
+
+    def _run_batch(self, model, prog, calls: list, hids) -> tuple:
+        """Run one batched pass -> (the plan, each call's row count). The plan's output buffers
+        hold the pass's rows until its next run."""
+        toks = [[int(t) for t in (x.host() if isinstance(x, DraftFeed) else x)] for _, x, _, _ in calls]
+        with self.stream:
+            plan = self._batch_plan(model, prog, [(st, len(t), mode) for (st, _, _, mode), t in zip(calls, toks)])
+            if hids is not None:
+                plan.bufs["hid"][...] = cp.concatenate([cp.asarray(h, dtype=np.float32).reshape(len(t), -1)
+                                                        for h, t in zip(hids, toks)])
+            self._staging.put(plan.ctrl, self._batch_ctrl([t for ts in toks for t in ts],
+                                                          [(pos, st.slot) for st, _, pos, _ in calls]))
+            plan.run()
+        return plan, [len(t) for t in toks]
+
+    @staticmethod
+    def _batch_ctrl(tokens: list, at: list) -> list:
+        """A batched plan's ctrl words (lower_batch): the tokens of every row, then each
+        sequence's own block, at = [(position, live slot)]."""
+        words = [0] * L.CTRL_TOK + [int(t) for t in tokens]
+        for pos, slot in at:
+            blk = [0] * L.CTRL_TOK
+            blk[L.CTRL_POS], blk[L.CTRL_SLOT] = int(pos), int(slot)
+            words += blk
+        return words
+
+    def fold_batch(self, model, prog, folds: list):
+        """Several sequences' folds in one pass: folds = [(n, DeviceState)]. Each GDN layer
+        gathers every sequence's first n cached input rows into the pass and runs them in place
+        on that sequence's live state (a segment table): each state as its fold alone leaves it."""
+        if not folds:
+            return
+        with self.stream:
+            plan = self._batch_plan(model, prog, [(st, n, "in_place") for n, st in folds])
+            self._staging.put(plan.ctrl, self._batch_ctrl([0] * sum(n for n, _ in folds),
+                                                          [(0, st.slot) for _, st in folds]))
+            plan.run()
+
+    def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
+        """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
+        calls = [(DeviceState, tokens [m_i], pos_i, gdn_mode_i)] -> [(hidden [m_i, D], logits
+        [m_i, V])]. One launch of each op for all the rows (lower_batch): the projections read
+        each weight once, the ops with state run each sequence on its own state through a
+        segment table, and every row holds the bits of the same call made alone."""
+        plan, ms = self._run_batch(model, prog, calls, hids)
+        with self.stream:
+            h = None if plan.hidden is None else plan.hidden.copy()
+            lg = None if plan.logits is None else plan.logits.copy()
+        out, lo = [], 0
+        for m in ms:
+            out.append((None if h is None else h[lo:lo + m], None if lg is None else lg[lo:lo + m]))
+            lo += m
+        return out
+
+    def mtp_chain_batch(self, model, prog, chains: list) -> list:
+        """Several sequences' draft chains in lockstep, row j of every chain in one batched pass:
+        chains = [(DeviceState, token, hid [1, D], pos, k, forced, fill)] as mtp_chain takes them
+        -> [(tokens [k], hiddens [k, D])] on the device, each bit-identical to its mtp_chain alone.
+        The host reads each row's tokens (one copy a row for the whole batch) to feed the next."""
+        D = model.cfg.hidden_size
+        rows_tok, rows_h, cur = [[] for _ in chains], [[] for _ in chains], []
+        for st, token, hid, pos, k, forced, fill in chains:
+            x, h = [int(token)], cp.asarray(hid, dtype=np.float32).reshape(1, D)
+            if fill is not None:
+                x = [int(t) for t in fill[0]] + x
+                h = cp.concatenate([cp.asarray(fill[1], dtype=np.float32).reshape(len(fill[0]), D), h])
+            cur.append([x, h, int(pos)])
+        for j in range(max(c[4] for c in chains)):
+            live = [i for i, c in enumerate(chains) if j < c[4]]
+            plan, ms = self._run_batch(model, prog, [(chains[i][0], cur[i][0], cur[i][2], "in_place") for i in live],
+                                       [cur[i][1] for i in live])
+            with self.stream:
+                last = cp.asarray(np.cumsum(ms) - 1)             # each chain's row j: its last row of the pass
+                hl = plan.hidden[last]
+                toks = self.argmax(plan.logits[last])
+            got = toks.get()
+            for n, i in enumerate(live):
+                forced = chains[i][5]
+                cur[i][2] += len(cur[i][0])
+                rows_tok[i].append(int(got[n]))
+                rows_h[i].append(hl[n:n + 1])
+                cur[i][0], cur[i][1] = [int(got[n]) if forced is None else int(forced[j])], hl[n:n + 1]
+        with self.stream:
+            return [(cp.asarray(np.asarray(t, np.int64)), cp.concatenate(h)) for t, h in zip(rows_tok, rows_h)]
 
     def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None, fill=None):
         """The draft chain on the device (the CPU backend's mtp_chain, without the host in the

@@ -23,6 +23,11 @@ GRAPH_MAX_ROWS = 8       # plans up to this many rows are cached and graphed (ve
 # engines): its timed runs re-lowered plans (2026-12-02).
 PLAN_CACHE = 256
 
+# The batched engine's passes (lower_batch) are kept apart: a pass over 64 sequences' rows holds
+# hundreds of MB of activations at 27B (the logits alone: 320 rows x 248320 x 4 bytes), and a
+# decode reuses a handful of shapes (the verify, the draft rows, greedy).
+BATCH_PLAN_CACHE = 8
+
 
 class PlanCache(collections.OrderedDict):
     """key -> plan, least recently used first."""

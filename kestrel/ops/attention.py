@@ -59,19 +59,24 @@ def attention_block(qg, k, v, q_norm, k_norm, cos, sin, kc, vc, pos: int, eps: f
     return o * _norm.sigmoid(np.ascontiguousarray(qg[..., hd:]).reshape(M, nh * hd))
 
 
-def kv_append_launch(K_, ldk, V_, ldv, knw, cos, sin, rope_row0, kc, vc, ctrl, M, nkv, hd, rh, eps):
-    """Append M rows of normed, rotated K and raw V at rows ctrl[CTRL_POS].. of the caches."""
+def kv_append_launch(K_, ldk, V_, ldv, knw, cos, sin, rope_row0, kc, vc, ctrl, M, nkv, hd, rh, eps, seg=None):
+    """Append M rows of normed, rotated K and raw V at rows ctrl[CTRL_POS].. of the caches.
+    seg: a segment table (kestrel/cuda/lower.py seg_table) over several sequences' rows, each with
+    its own caches (P0, P1), ctrl and rows; M is then the most rows of a segment."""
     fn = L.kernel("attention", "attn_kv_append")
     sm = L.smem(fn, (hd + L.RED_FLOATS) * 4, f"attention head_dim {hd}")
     args = (L.ptr(K_), L.i32(ldk), L.ptr(V_), L.i32(ldv), L.ptr(knw), L.ptr(cos), L.ptr(sin), L.i32(rope_row0),
-            L.ptr(kc), L.ptr(vc), L.ptr(ctrl), L.i32(nkv), L.i32(hd), L.i32(rh), L.f32(eps))
-    return fn, (nkv, M), (KV_APPEND_THREADS,), args, sm
+            L.ptr(kc), L.ptr(vc), L.ptr(ctrl), L.i32(nkv), L.i32(hd), L.i32(rh), L.f32(eps), L.ptr(seg))
+    return fn, (nkv, M) if seg is None else (nkv, M, len(seg)), (KV_APPEND_THREADS,), args, sm
 
 
-def attn_decode_launch(Q, ldq, qnw, cos, sin, rope_row0, kc, vc, O, ldo, ctrl, M, nh, nkv, hd, rh, eps, scale, lmax):
-    """O = gated attention of M query rows over cache rows < ctrl[CTRL_POS] + j + 1 (<= lmax)."""
+def attn_decode_launch(Q, ldq, qnw, cos, sin, rope_row0, kc, vc, O, ldo, ctrl, M, nh, nkv, hd, rh, eps, scale, lmax,
+                       seg=None):
+    """O = gated attention of M query rows over cache rows < ctrl[CTRL_POS] + j + 1 (<= lmax).
+    seg: a segment table, as kv_append_launch takes it."""
     fn = L.kernel("attention", "attn_decode")
     sm = L.smem(fn, (hd + L.RED_FLOATS + lmax) * 4, f"attention over {lmax} positions (max_seq)")
     args = (L.ptr(Q), L.i32(ldq), L.ptr(qnw), L.ptr(cos), L.ptr(sin), L.i32(rope_row0), L.ptr(kc), L.ptr(vc),
-            L.ptr(O), L.i32(ldo), L.ptr(ctrl), L.i32(nh), L.i32(nkv), L.i32(hd), L.i32(rh), L.f32(eps), L.f32(scale))
-    return fn, (nh, M), (ATTN_DECODE_THREADS,), args, sm
+            L.ptr(O), L.i32(ldo), L.ptr(ctrl), L.i32(nh), L.i32(nkv), L.i32(hd), L.i32(rh), L.f32(eps), L.f32(scale),
+            L.ptr(seg))
+    return fn, (nh, M) if seg is None else (nh, M, len(seg)), (ATTN_DECODE_THREADS,), args, sm

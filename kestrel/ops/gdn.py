@@ -180,29 +180,42 @@ def check_cuda_shape(sh: GDNShape):
         raise ValueError(f"GDN head dims dk={sh.dk}, dv={sh.dv} are not supported by kernels/gdn.cu (shared memory)")
 
 
-def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, mode: str, ctrl, M, C, K):
+def gdn_conv_launch(QKV, ldq, conv_w, XC, ldx, hist_ring, slot_stride, nslots, mode: str, ctrl, M, C, K, seg=None):
     """Causal conv + SiLU of M rows; the conv window lives in slot ctrl[CTRL_SLOT] of hist_ring
-    (mode in_place: updated; checkpoint: row j's window into slot live+1+j; cache: only read)."""
+    (mode in_place: updated; checkpoint: row j's window into slot live+1+j; cache: only read).
+    seg: a segment table (kestrel/cuda/lower.py seg_table) over several sequences' rows, which then replaces hist_ring,
+    nslots, mode, ctrl and M per sequence (kernels/common.cuh)."""
     args = (L.ptr(QKV), L.i32(ldq), L.ptr(conv_w), L.ptr(XC), L.i32(ldx), L.ptr(hist_ring), L.i64(slot_stride),
-            L.i32(nslots), L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(C), L.i32(K))
-    return L.kernel("gdn", "gdn_conv"), (L.cdiv(C, GDN_CONV_THREADS),), (GDN_CONV_THREADS,), args, 0
+            L.i32(nslots), L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(C), L.i32(K), L.ptr(seg))
+    grid = (L.cdiv(C, GDN_CONV_THREADS),) if seg is None else (L.cdiv(C, GDN_CONV_THREADS), len(seg))
+    return L.kernel("gdn", "gdn_conv"), grid, (GDN_CONV_THREADS,), args, 0
+
+
+def gdn_move_inputs_launch(ROWS, ldr, ldc, n, seg, rows: int, to_cache: bool):
+    """A batched pass's GDN input rows [n columns] and the sequences' input caches (seg, kestrel/
+    cuda/lower.py seg_table: each one's rows and its layer's cache, P0): into the caches
+    (to_cache, a cached verify) or out of them into the pass (a batched fold)."""
+    grid = (L.cdiv(n, GDN_CONV_THREADS), rows, len(seg))
+    args = (L.ptr(ROWS), L.i32(ldr), L.i32(ldc), L.i32(n), L.i32(int(to_cache)), L.ptr(seg))
+    return L.kernel("gdn", "gdn_move_inputs"), grid, (GDN_CONV_THREADS,), args, 0
 
 
 def gdn_recur_launch(XC, ldx, Z, ldz, B, ldb, A, lda, A_log, dt_bias, norm_w, Y, ldy, S_ring, slot_stride, nslots,
-                     mode: str, ctrl, M, sh: GDNShape, variant: str):
+                     mode: str, ctrl, M, sh: GDNShape, variant: str, seg=None):
     """The delta-rule recurrence and gated norm of M rows; state in slot ctrl[CTRL_SLOT] of S_ring
     (mode in_place: updated; checkpoint: row j's state into slot live+1+j; cache: only read).
     variant: the kernel (the engine's: gdn_recur_variant of its backend's preference; tests run
-    each, which must agree bit for bit)."""
+    each, which must agree bit for bit). seg: a segment table, as gdn_conv_launch takes it."""
     check_cuda_shape(sh)
     variant = check_gdn_recur_variant(sh.dk, sh.dv, variant)
     args = (L.ptr(XC), L.i32(ldx), L.ptr(Z), L.i32(ldz), L.ptr(B), L.i32(ldb), L.ptr(A), L.i32(lda), L.ptr(A_log),
             L.ptr(dt_bias), L.ptr(norm_w), L.ptr(Y), L.i32(ldy), L.ptr(S_ring), L.i64(slot_stride), L.i32(nslots),
             L.i32(GDN_MODES[mode]), L.ptr(ctrl), L.i32(M), L.i32(sh.nk), L.i32(sh.nv), L.i32(sh.dk), L.i32(sh.dv),
-            L.f32(np.float32(sh.dk ** -0.5)), L.f32(sh.eps))
+            L.f32(np.float32(sh.dk ** -0.5)), L.f32(sh.eps), L.ptr(seg))
+    nseg = () if seg is None else (len(seg),)
     if variant == "cluster":       # static shared memory only; the cluster dims are compiled in
-        return L.kernel("gdn", "gdn_recur_cluster"), (sh.nv * GDN_CLUSTER,), (GDN_CLUSTER_THREADS,), args, 0
+        return L.kernel("gdn", "gdn_recur_cluster"), (sh.nv * GDN_CLUSTER, *nseg), (GDN_CLUSTER_THREADS,), args, 0
     regs = variant == "regs"
     fn = L.kernel("gdn", "gdn_recur_regs" if regs else "gdn_recur")
     sm = L.smem(fn, gdn_recur_smem(sh.dk, sh.dv, regs), f"GDN head dims dk={sh.dk}, dv={sh.dv}")
-    return fn, (sh.nv,), (GDN_RECUR_THREADS,), args, sm
+    return fn, (sh.nv, *nseg), (GDN_RECUR_THREADS,), args, sm

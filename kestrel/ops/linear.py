@@ -223,7 +223,7 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
     part, count = tmb_scratch(ks * L.cdiv(M, 8) * T if ks > 1 else 0)
     args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
             L.i32(ks), L.ptr(part), L.ptr(count))
-    return fn, (L.cdiv(T, per_block), L.cdiv(M, 8), ks), (block,), args, sm
+    return fn, (L.cdiv(T, per_block) * L.cdiv(M, 8), 1, ks), (block,), args, sm     # block order: kernels/linear.cu
 
 
 def tmr_shape(tiles: int, ks: int) -> tuple:
@@ -292,7 +292,7 @@ def _fma_launch(shape: tuple, W, X, Y, M: int, K: int, ldx: int, ldy: int, epilo
     rl = rr // 2 if epi == 2 else rr
     ks = ks or ksplit(K)
     nout = half if epi == 2 else N
-    grid = (L.cdiv(nout, rl * ((LINEAR_THREADS // 32) // ks)), L.cdiv(M, mt))
+    grid = (L.cdiv(nout, rl * ((LINEAR_THREADS // 32) // ks)) * L.cdiv(M, mt),)     # block order: kernels/linear.cu
     fn = fn if (fn is not None and vec > 1) else L.kernel("linear", f"{name}_e{epi}")
     args = (L.ptr(W), L.i32(ldw), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M),
             L.i32(half), L.i32(ks))

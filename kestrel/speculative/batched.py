@@ -19,7 +19,9 @@ stands in for its engine), and the batch runs every chain in lockstep, row j of 
 one pass of the MTP head (BatchEngine.run_drafts), before the shared verify. Still run per slot,
 not shared across the batch: the replay policies' re-run of accepted rows after a rollback, the
 one step that consumes a_p when nothing was accepted (only the article's pairing has such
-rounds), the rows mtp_fill writes, and a strict policy's plain tail. Per-round times in a sequence's records include the other sequences' work in the shared
+rounds), the rows mtp_fill writes, and a strict policy's plain tail. The input cache's folds
+are shared: each sequence books its fold when it ends its round, and the batch runs them all in
+one pass (BatchEngine.fold_states) before the next round reads any state. Per-round times in a sequence's records include the other sequences' work in the shared
 pass; the batch's own clock (BatchResult.ms) is the one to read.
 """
 from __future__ import annotations
@@ -113,8 +115,10 @@ def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine
         if calls:
             out = be.forward(calls)
             passes += 1
-            for slot, st in out.items():
-                running[slot] = (running[slot][0], int(clock.argmax(st.logits[0])))
+            order = list(out)               # one argmax and one read for the whole batch's next tokens
+            nxt = clock.to_numpy(clock.argmax(clock.xp.concatenate([out[s].logits[:1] for s in order])))
+            for slot, t in zip(order, nxt):
+                running[slot] = (running[slot][0], int(t))
     ms = clock.elapsed_ms(t0, clock.now())
     return BatchResult("greedy", be.slots, T, streams, ms, passes)
 
@@ -125,9 +129,10 @@ class _DeferredDrafts:
     not read its drafts before the verify; the protocol's drafters do not); everything else is
     the Engine's own."""
 
-    def __init__(self, eng):
+    def __init__(self, eng, folds: list):
         self._eng = eng
         self.recorded = None            # (the checked arguments, the Draft) of this round's chain
+        self.folds = folds              # the batch's deferred folds: [(n, DeviceState)]
 
     def __getattr__(self, name):
         return getattr(self._eng, name)
@@ -139,6 +144,15 @@ class _DeferredDrafts:
         d = self._eng._drafted(args[0], args[3], args[5], np.zeros(args[3], np.int64), None)
         self.recorded = (args, d)
         return d
+
+    def fold_cached(self, n):
+        """Checked and booked now; the fold itself runs with every other sequence's, in one pass
+        (BatchEngine.fold_states), once every sequence has ended its round: nothing reads this
+        slot's GDN state before then (a round that accepts nothing folds nothing)."""
+        pos, _, n = self._eng._accept("cached", n, "fold_cached")
+        if n:
+            self.folds.append((n, self._eng.state))
+        self._eng._folded(pos, n)
 
 
 class _VerifyCall:
@@ -196,6 +210,7 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
                                                        batch=a0.policy.batch)
     clock = model.be
     queue, running, finished, passes, t0 = list(range(n)), {}, {}, 0, None
+    folds = []
     while queue or running:
         while queue and len(be.active) < be.slots:
             i = queue.pop(0)
@@ -203,7 +218,7 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
             a.drafter.bind(model, a.reference)
             a.drafter.reset()
             slot, st = be.join(a.prompt)
-            run = SpecRun(model, _DeferredDrafts(be.slot(slot)), a.drafter, a.prompt, a.T, a.k, a.policy, a.tail,
+            run = SpecRun(model, _DeferredDrafts(be.slot(slot), folds), a.drafter, a.prompt, a.T, a.k, a.policy, a.tail,
                           check, False)
             running[slot] = (i, run.start(prefilled=st))
         if t0 is None:
@@ -234,6 +249,8 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
             for slot, r in rounds.items():
                 r.lap("verify")
                 running[slot][1].end_round(r, out[slot])
+            be.fold_states(folds)               # the input-cache folds of every sequence, one pass
+            folds.clear()
         for slot in [s for s, (_, run) in running.items() if len(run.stream) >= run.T]:
             i, run = running.pop(slot)
             finished[i] = run
