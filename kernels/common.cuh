@@ -26,6 +26,8 @@
 //       its own ctrl block (position, live slot), seg[SEG_NSLOTS], seg[SEG_MODE].
 //     A segment's blocks then run exactly the code, on exactly the values, of a launch made for
 //     that sequence alone: its rows are bit-identical whatever else shares the launch.
+//     A plan is made for bounds (kestrel/cuda/segments.py): segments past the pass's have
+//     seg[SEG_M] = 0 and null pointers, and every kernel returns for them before reading any.
 #pragma once
 
 typedef unsigned short bf16_t;

@@ -46,6 +46,7 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     if (c >= C) return;
     if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
         const Seg sg = seg_at(seg, blockIdx.y);
+        if (sg.M == 0) return;     // a segment past the pass's (kestrel/cuda/segments.py): null state
         qkv += sg.lo * ldq;
         xo += sg.lo * ldx;
         M = sg.M;
@@ -144,6 +145,7 @@ __device__ __forceinline__ void gdn_recur_body(
     griddep_wait();
     if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
         const Seg sg = seg_at(seg, blockIdx.y);
+        if (sg.M == 0) return;     // a segment past the pass's, the whole block (cluster) before any barrier
         xc += sg.lo * ldx;
         z += sg.lo * ldz;
         b += sg.lo * ldb;
@@ -386,6 +388,7 @@ gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     griddep_wait();
     if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
         const Seg sg = seg_at(seg, blockIdx.y);
+        if (sg.M == 0) return;     // a segment past the pass's, the whole block (cluster) before any barrier
         xc += sg.lo * ldx;
         z += sg.lo * ldz;
         b += sg.lo * ldb;

@@ -54,8 +54,13 @@ class Draft:
 
     def _fill(self, tokens, hidden):
         """Set the chain's outputs of a Draft made before its chain ran (a batched engine runs
-        several sequences' chains together, after each round has been begun)."""
-        self._dev, self._host, self.hidden = tokens, None, hidden
+        several sequences' chains together, after each round has been begun). tokens: a backend
+        array, or ints the host has read already."""
+        if isinstance(tokens, (list, tuple)):
+            self._dev, self._host = None, [int(t) for t in tokens]
+        else:
+            self._dev, self._host = tokens, None
+        self.hidden = hidden
 
     @property
     def tokens(self) -> list:

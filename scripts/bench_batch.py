@@ -41,11 +41,18 @@ def render(d: dict) -> str:
          "beside it).", "",
          "| B | mode | k | tokens/s | ms/token (one sequence) | speedup | tokens/round | moved/round (MB) | held (MB) "
          "| passes | bit-exact |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    made = any("plans_lowered_or_captured_while_timed" in r for r in d["rows"])
+    if made:                     # newer files: the plans a timed run lowered or captured (0: none paid)
+        L[-3] += (" `plans made`: plans lowered or graphs captured during the timed run (a GPU; each is an eager "
+                  "run or a capture paid inside it).")
+        L[-2] += " plans made |"
+        L[-1] += "---|"
     for r in d["rows"]:
         moved = "" if r["moved_per_round"] is None else f"{r['moved_per_round'] / 1e6:.3f}"
         L.append(f"| {r['B']} | {r['mode']} | {r['k'] or ''} | {r['tokens_per_s']:.1f} | {r['ms_per_token']:.3f} | "
                  f"{r['speedup']:.2f}x | {r.get('tokens_per_round', 1.0):.2f} | {moved} | "
-                 f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |")
+                 f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |"
+                 + (f" {r.get('plans_lowered_or_captured_while_timed', '')} |" if made else ""))
     fl = d.get("floor")
     if fl:
         g = {r["B"]: r for r in d["rows"] if r["mode"] == "greedy"}

@@ -383,6 +383,57 @@ def test_bench_batch_script_writes_its_table(tmp_path):
     assert "| 3 | input-cache | 2 |" in (tmp_path / "bench_batch.md").read_text()
 
 
+def test_segment_tables_give_each_sequence_its_own_entry(rng):
+    """kestrel/cuda/segments.py (pure NumPy): the tables a batched plan's host writes before each
+    run hold, for every sequence and every table, exactly the entry a table made for that
+    sequence alone would (its rows, its state at the table's offset, its ctrl block, slots and
+    mode; only a cached verify's rows in the move-to-cache table), and M = 0 with null pointers
+    past the pass's sequences; the bounds hold every mix they are asked for."""
+    from kestrel import nvrtc as L
+    from kestrel.cuda import segments as S
+    from kestrel.program import GDN_MODES
+    for _ in range(20):
+        n = int(rng.integers(1, 20))
+        ms = [int(m) for m in rng.integers(1, 6, n)]
+        modes = [str(x) for x in rng.choice(list(GDN_MODES), n)]
+        bases = [{name: int(rng.integers(1, 2 ** 40)) * 256 for name in S.BUFFERS} for _ in range(n)]
+        ctrl = [int(rng.integers(1, 2 ** 40)) * 16 for _ in range(n)]
+        specs = [S.TableSpec((str(rng.choice(S.BUFFERS)), int(rng.integers(0, 2 ** 20)) * 4),
+                             None if rng.random() < 0.5 else (str(rng.choice(S.BUFFERS)), int(rng.integers(0, 2 ** 20))),
+                             str(rng.choice(["all", "cache"]))) for _ in range(int(rng.integers(1, 8)))]
+        nseg, rows, total = S.bounds(ms, has_projections=bool(rng.random() < 0.5))
+        assert nseg >= n and rows >= max(ms) and total >= sum(ms)
+        nslots = int(rng.integers(2, 6))
+        got = S.words(specs, ms, modes, bases, ctrl, nslots, nseg)
+        assert got.shape == (len(specs), nseg, L.SEG_WORDS) and got.dtype == np.int64
+        for t, sp in enumerate(specs):
+            lo = 0
+            for i in range(n):
+                e = got[t, i]
+                want_m = ms[i] if sp.rows == "all" or modes[i] == "cache" else 0
+                assert (e[L.SEG_LO], e[L.SEG_M], e[L.SEG_CTRL], e[L.SEG_NSLOTS], e[L.SEG_MODE]) == (
+                    lo, want_m, ctrl[i], nslots, GDN_MODES[modes[i]])
+                assert e[L.SEG_P0] == bases[i][sp.p0[0]] + sp.p0[1]
+                assert e[L.SEG_P1] == (0 if sp.p1 is None else bases[i][sp.p1[0]] + sp.p1[1])
+                lo += ms[i]
+            assert not got[t, n:].any()             # the padding segments: M = 0, null pointers
+
+
+def test_a_batch_of_draft_chains_needs_few_plans(rng):
+    """The passes a batch of B draft chains and folds makes (rows 1..k+1 a sequence, any mix)
+    fit few plan bounds (segments.bounds), so the CUDA backend's plan cache is not cycled."""
+    from kestrel.cuda import segments as S
+    from kestrel.cuda.cache import BATCH_PLAN_CACHE
+    for B in (1, 2, 4, 8, 16, 32, 64):
+        chains, folds = set(), set()
+        for _ in range(1000):
+            ms = [int(m) for m in rng.integers(1, 5, B)]       # a chain's first row after 0..3 fill rows
+            chains.add(S.bounds(ms))
+            folds.add(S.bounds([min(m, 3) for m in ms[:int(rng.integers(1, B + 1))]], False, 3))   # k = 3
+        # room left for the verify, the later draft rows and greedy
+        assert len(chains) + len(folds) <= 12 <= BATCH_PLAN_CACHE - 4, (B, sorted(chains), sorted(folds))
+
+
 def test_batched_draft_chains_are_each_chain_alone(tiny, rng):
     """BatchEngine.mtp_draft: chains of different lengths, with and without fill rows and forced
     tokens, at different MTP cursors, in lockstep: each Draft's tokens and hiddens and each

@@ -121,14 +121,16 @@ def test_every_committed_results_file_loads(path):
 
 
 @pytest.mark.parametrize("script,stem", [("bench_gdn", "bench_gdn"), ("bench_host", "bench_host_tmb"),
-                                         ("bench_engine", "bench_engine_tmb"), ("bench_spec", "bench_spec")])
+                                         ("bench_engine", "bench_engine_tmb"), ("bench_spec", "bench_spec"),
+                                         ("bench_batch", "bench_batch_tiny_h100"),
+                                         ("bench_batch", "bench_batch_27b_h100")])
 def test_committed_tables_are_what_the_writer_renders(tmp_path, script, stem):
     """results.write, given a committed file's data and provenance, writes that file and its table."""
     import importlib
     import json
     sys.path.insert(0, str(ROOT / "scripts"))
     mod = importlib.import_module(script)
-    render = getattr(mod, "render_md", None) or mod.markdown
+    render = getattr(mod, "render_md", None) or getattr(mod, "markdown", None) or mod.render
     committed = ROOT / "results" / f"{stem}.json"
     data = json.loads(committed.read_text())
     if script == "bench_engine":

@@ -25,7 +25,8 @@ from ..ops import rope as _rope
 from ..program import expected_shapes, param_count, stacks
 from ..weights import f32_to_bf16, random_scale, random_tensor, random_weights
 from .. import nvrtc as L
-from .lower import lower, lower_batch
+from . import segments
+from .lower import BatchShape, lower, lower_batch
 from .cache import BATCH_PLAN_CACHE, GRAPH_MAX_ROWS, PlanCache
 from .options import KernelOptions
 from .plan import Staging
@@ -237,39 +238,56 @@ class CUDABackend:
 
     # ---- several sequences in one pass (the batched engine, kestrel/batch.py) -------------------
     def _batch_plan(self, model, prog, shape: list):
-        """The cached plan of a batched pass: shape = [(DeviceState, rows, gdn_mode)] (lower_batch)."""
-        key = (prog.name, self.stack_projections, self.kernels,
-               tuple((m, mode, st.max_seq, st.nslots, *(a.data.ptr for a in st.buffers().values()))
-                     for st, m, mode in shape))
+        """The cached plan for a batched pass over shape = [(DeviceState, rows, gdn_mode)]: made
+        for the bounds of those rows (segments.bounds), so that a later pass of another mix of
+        rows within them, or of other states of the same layout, reuses it."""
+        st0 = shape[0][0]
+        lay = BatchShape.layout(st0)
+        for st, _, _ in shape:
+            if BatchShape.layout(st) != lay:
+                raise ValueError("a batched pass: every sequence's DeviceState needs one layout (max_seq, ring slots)")
+        ms = [m for _, m, _ in shape]
+        nseg, rows, total = segments.bounds(ms, any(op.kind == "linear" for op in prog.ops), int(st0.gdn_in.shape[1]))
+        modes = frozenset(mode for _, _, mode in shape)
+        key = (prog.name, self.stack_projections, self.kernels, lay, modes, nseg, rows, total)
         plans = self._batch_plans.setdefault(model, PlanCache(BATCH_PLAN_CACHE))
-        plan, made = plans.get_or_make(key, lambda: lower_batch(self, model, prog, shape))
+        plan, made = plans.get_or_make(key, lambda: lower_batch(self, model, prog,
+                                                                BatchShape(st0, modes, nseg, rows, total)))
         self.stats["plans_lowered"] += made
         return plan
 
+    def _put_batch(self, plan, shape: list, tokens: list, pos: list):
+        """Before a batched plan runs: its ctrl block (every row's token, each segment's position
+        and live slot) and every segment table (segments.words), rewritten only when they change."""
+        nseg, _, total = plan.bounds
+        words = [0] * L.CTRL_TOK + [int(t) for t in tokens] + [0] * (total - len(tokens))
+        for (st, _, _), p in zip(shape, pos):
+            blk = [0] * L.CTRL_TOK
+            blk[L.CTRL_POS], blk[L.CTRL_SLOT] = int(p), int(st.slot)
+            words += blk
+        self._staging.put(plan.ctrl, words)
+        ctrl0 = int(plan.ctrl.data.ptr) + 4 * (L.CTRL_TOK + total)
+        tab = segments.words(plan.seg_specs, [m for _, m, _ in shape], [mode for _, _, mode in shape],
+                             [{n: int(a.data.ptr) for n, a in st.buffers().items() if a is not None} for st, _, _ in shape],
+                             [ctrl0 + 4 * L.CTRL_TOK * i for i in range(len(shape))], shape[0][0].nslots, nseg)
+        if plan.seg_last is None or not np.array_equal(tab, plan.seg_last):
+            self._staging.put_array(plan.seg_dev[:len(plan.seg_specs)], tab)
+            plan.seg_last = tab
+
     def _run_batch(self, model, prog, calls: list, hids) -> tuple:
         """Run one batched pass -> (the plan, each call's row count). The plan's output buffers
-        hold the pass's rows until its next run."""
+        hold the pass's rows (first rows first; any past them are padding) until its next run."""
         toks = [[int(t) for t in (x.host() if isinstance(x, DraftFeed) else x)] for _, x, _, _ in calls]
+        shape = [(st, len(t), mode) for (st, _, _, mode), t in zip(calls, toks)]
         with self.stream:
-            plan = self._batch_plan(model, prog, [(st, len(t), mode) for (st, _, _, mode), t in zip(calls, toks)])
+            plan = self._batch_plan(model, prog, shape)
             if hids is not None:
-                plan.bufs["hid"][...] = cp.concatenate([cp.asarray(h, dtype=np.float32).reshape(len(t), -1)
-                                                        for h, t in zip(hids, toks)])
-            self._staging.put(plan.ctrl, self._batch_ctrl([t for ts in toks for t in ts],
-                                                          [(pos, st.slot) for st, _, pos, _ in calls]))
+                n = sum(len(t) for t in toks)
+                plan.bufs["hid"][:n] = cp.concatenate([cp.asarray(h, dtype=np.float32).reshape(len(t), -1)
+                                                       for h, t in zip(hids, toks)])
+            self._put_batch(plan, shape, [t for ts in toks for t in ts], [pos for _, _, pos, _ in calls])
             plan.run()
         return plan, [len(t) for t in toks]
-
-    @staticmethod
-    def _batch_ctrl(tokens: list, at: list) -> list:
-        """A batched plan's ctrl words (lower_batch): the tokens of every row, then each
-        sequence's own block, at = [(position, live slot)]."""
-        words = [0] * L.CTRL_TOK + [int(t) for t in tokens]
-        for pos, slot in at:
-            blk = [0] * L.CTRL_TOK
-            blk[L.CTRL_POS], blk[L.CTRL_SLOT] = int(pos), int(slot)
-            words += blk
-        return words
 
     def fold_batch(self, model, prog, folds: list):
         """Several sequences' folds in one pass: folds = [(n, DeviceState)]. Each GDN layer
@@ -277,10 +295,10 @@ class CUDABackend:
         on that sequence's live state (a segment table): each state as its fold alone leaves it."""
         if not folds:
             return
+        shape = [(st, n, "in_place") for n, st in folds]
         with self.stream:
-            plan = self._batch_plan(model, prog, [(st, n, "in_place") for n, st in folds])
-            self._staging.put(plan.ctrl, self._batch_ctrl([0] * sum(n for n, _ in folds),
-                                                          [(0, st.slot) for _, st in folds]))
+            plan = self._batch_plan(model, prog, shape)
+            self._put_batch(plan, shape, [0] * sum(n for n, _ in folds), [0] * len(folds))
             plan.run()
 
     def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
@@ -302,8 +320,9 @@ class CUDABackend:
     def mtp_chain_batch(self, model, prog, chains: list) -> list:
         """Several sequences' draft chains in lockstep, row j of every chain in one batched pass:
         chains = [(DeviceState, token, hid [1, D], pos, k, forced, fill)] as mtp_chain takes them
-        -> [(tokens [k], hiddens [k, D])] on the device, each bit-identical to its mtp_chain alone.
-        The host reads each row's tokens (one copy a row for the whole batch) to feed the next."""
+        -> [(tokens [k] as host ints, hiddens [k, D] on the device)], each bit-identical to its
+        mtp_chain alone. The host reads each row's tokens (one copy a row for the whole batch) to
+        feed the next, so it returns them as read: a round's drafts cost no further read."""
         D = model.cfg.hidden_size
         rows_tok, rows_h, cur = [[] for _ in chains], [[] for _ in chains], []
         for st, token, hid, pos, k, forced, fill in chains:
@@ -328,7 +347,7 @@ class CUDABackend:
                 rows_h[i].append(hl[n:n + 1])
                 cur[i][0], cur[i][1] = [int(got[n]) if forced is None else int(forced[j])], hl[n:n + 1]
         with self.stream:
-            return [(cp.asarray(np.asarray(t, np.int64)), cp.concatenate(h)) for t, h in zip(rows_tok, rows_h)]
+            return [(t, cp.concatenate(h)) for t, h in zip(rows_tok, rows_h)]
 
     def mtp_chain(self, model, prog, st, token: int, hid, pos: int, k: int, forced=None, fill=None):
         """The draft chain on the device (the CPU backend's mtp_chain, without the host in the

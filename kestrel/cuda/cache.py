@@ -24,9 +24,12 @@ GRAPH_MAX_ROWS = 8       # plans up to this many rows are cached and graphed (ve
 PLAN_CACHE = 256
 
 # The batched engine's passes (lower_batch) are kept apart: a pass over 64 sequences' rows holds
-# hundreds of MB of activations at 27B (the logits alone: 320 rows x 248320 x 4 bytes), and a
-# decode reuses a handful of shapes (the verify, the draft rows, greedy).
-BATCH_PLAN_CACHE = 8
+# hundreds of MB of activations at 27B (the logits alone: 256 rows x 248320 x 4 bytes). A plan
+# serves every mix of rows within its bounds (segments.py), and a decode's mixes fall in a few
+# bounds: at most 12 for a batch's first draft rows and folds whatever the mix (tests/
+# test_batch.py), plus the verify, the later draft rows and greedy. With 8, the H100 run of
+# 2026-12-05 (plans keyed on every sequence's rows then) re-lowered passes every round.
+BATCH_PLAN_CACHE = 24
 
 
 class PlanCache(collections.OrderedDict):

@@ -16,7 +16,8 @@ and the engine's DeviceState:
 Positions and the live slot are read from the ctrl block at run time, so a plan serves every
 position. Every row is computed by the same arithmetic whatever M is (see each kernel's header).
 lower_batch lowers one pass over several sequences (the batched engine): the same launches, the
-ops with state given a segment table that hands each sequence its own state and position.
+ops with state given a segment table that hands each sequence its own state and position
+(segments.py: the host rewrites the tables before each run, so one plan serves many mixes).
 """
 from __future__ import annotations
 
@@ -30,17 +31,17 @@ from ..ops import linear as _linear
 from ..ops import mlp as _mlp
 from ..ops import norm as _norm
 from .. import nvrtc as L
-from ..program import GDN_MODES
 from .cache import GRAPH_MAX_ROWS
+from .segments import TableSpec
 from .plan import Plan
 
 
 class _Ctx:
-    def __init__(self, be, model, prog, st, M: int, gdn_mode: str, segs=None):
+    def __init__(self, be, model, prog, st, M: int, gdn_mode: str, batch=None):
         self.be, self.model, self.prog, self.st, self.M, self.gdn_mode = be, model, prog, st, M, gdn_mode
-        self.segs = segs            # a batched pass: [Seq], else None (one sequence on st)
+        self.batch = batch          # a batched pass: its BatchShape, else None (one sequence on st)
         self.cfg, self.w = model.cfg, model.w
-        self.P = Plan(be, M, graphable=M <= GRAPH_MAX_ROWS or segs is not None)
+        self.P = Plan(be, M, graphable=M <= GRAPH_MAX_ROWS or batch is not None)
         self.bufs = {name: self.P.buf(name, M, width) for name, width in prog.buffers
                      if not name.startswith("gdn_in.")}
         for g in range(st.gdn_in.shape[0]):     # the cached GDN inputs live in the engine's state
@@ -52,14 +53,15 @@ class _Ctx:
                 if op.kind == "gdn":
                     self.redirect[i - 1] = self.redirect[i] = f"gdn_in.{op.state[1]}"
 
-    def table(self, rows: list):
-        """A segment table (seg_table) that lives as long as the plan."""
-        t = seg_table(rows)
-        self.P.keep.append(t)
-        return t
+    def table(self, p0, p1=None, rows: str = "all"):
+        """A segment table of the batched plan (kestrel/cuda/segments.py), its entries' P0 and P1
+        given as views into this layout's DeviceState (st): the host fills it before each run."""
+        spec = TableSpec(_where(self.st, p0), None if p1 is None else _where(self.st, p1), rows)
+        self.P.seg_specs.append(spec)
+        return self.P.seg_dev[len(self.P.seg_specs) - 1]
 
     def ld(self, name: str) -> int:
-        if self.segs is not None or not name.startswith("gdn_in."):
+        if self.batch is not None or not name.startswith("gdn_in."):
             return self.prog.width(name)
         return int(self.st.gdn_in.shape[2])
 
@@ -119,15 +121,13 @@ def _gdn_op(c: _Ctx, op, src: str):
     c.P.keep.append(cw)
     ck = c.gdn_mode
     hist_seg = S_seg = None
-    if c.segs is not None:        # one launch over every sequence: each its own ring, ctrl, rows and mode
-        hist_seg = c.table([(q.lo, q.M, q.st.hist[0, g], None, q.ctrl, q.st.nslots, q.mode) for q in c.segs])
-        S_seg = c.table([(q.lo, q.M, q.st.S[0, g], None, q.ctrl, q.st.nslots, q.mode) for q in c.segs])
+    if c.batch is not None:       # one launch over every sequence: each its own ring, ctrl, rows and mode
+        hist_seg, S_seg = c.table(st.hist[0, g]), c.table(st.S[0, g])
         fold = src.startswith("gdn_in.")          # the fold program: every sequence's cached rows
-        move = [(q.lo, q.M, q.st.gdn_in[g], None, q.ctrl, q.st.nslots, q.mode) for q in c.segs
-                if fold or q.mode == "cache"]
-        if move:                  # into the pass (a fold), or a cached verify's inputs into its cache
-            c.P.add(_gdn.gdn_move_inputs_launch(gin, width, int(st.gdn_in.shape[2]), width, c.table(move),
-                                                max(q[1] for q in move), to_cache=not fold))
+        if fold or "cache" in c.batch.modes:      # into the pass (a fold), or a cached verify's into its cache
+            move = c.table(st.gdn_in[g], rows="all" if fold else "cache")
+            c.P.add(_gdn.gdn_move_inputs_launch(gin, width, int(st.gdn_in.shape[2]), width, move, c.batch.rows,
+                                                to_cache=not fold))
     c.P.add(_gdn.gdn_conv_launch(gin, width, cw, xc, C, st.hist[0, g], st.hist[0].size, st.nslots, ck, c.P.ctrl,
                                  c.M, C, K, seg=hist_seg))
     c.P.add(_gdn.gdn_recur_launch(xc, C, gin[:, C:], width, gin[:, C + nvdv:], width, gin[:, C + nvdv + nv:], width,
@@ -145,58 +145,56 @@ def _attention_op(c: _Ctx, op):
     cos, sin = c.be.rope_device(cfg, max(c.st.max_seq, 1))
     q_norm, k_norm = (w[wt.name] for wt in op.weights)
     rows, seg = c.M, None
-    if c.segs is not None:        # one launch over every sequence: each its own caches, ctrl and rows
-        seg = c.table([(q.lo, q.M, *q.st.kv(op.state), q.ctrl, q.st.nslots, q.mode) for q in c.segs])
-        rows = max(q.M for q in c.segs)
+    if c.batch is not None:       # one launch over every sequence: each its own caches, ctrl and rows
+        seg = c.table(kc, vc)
+        rows = c.batch.rows
     c.P.add(_attn.kv_append_launch(ain[:, qd:], width, ain[:, qd + kd:], width, k_norm, cos, sin, 0, kc, vc, c.P.ctrl,
                                    rows, nkv, hd, rh, eps, seg=seg))
     c.P.add(_attn.attn_decode_launch(ain, width, q_norm, cos, sin, 0, kc, vc, c.bufs[op.dst], c.ld(op.dst), c.P.ctrl,
                                      rows, nh, nkv, hd, rh, eps, hd ** -0.5, c.st.max_seq, seg=seg))
 
 
-class Seq:
-    """One sequence of a batched pass: its DeviceState, its rows lo..lo+M-1 of the pass, its GDN
-    mode and its own ctrl block (a view into the plan's: position and live slot)."""
-
-    def __init__(self, st, lo: int, M: int, mode: str, ctrl):
-        self.st, self.lo, self.M, self.mode, self.ctrl = st, lo, M, mode, ctrl
-
-
-def seg_table(rows: list):
-    """A segment table on the device (kernels/common.cuh): rows = [(lo, M, p0, p1, ctrl, nslots,
-    mode)], p0, p1 and ctrl device arrays (or None), mode a GDN_MODES name."""
-    t = np.zeros((len(rows), L.SEG_WORDS), np.int64)
-    for i, (lo, m, p0, p1, ctrl, nslots, mode) in enumerate(rows):
-        t[i, L.SEG_LO], t[i, L.SEG_M] = lo, m
-        t[i, L.SEG_P0], t[i, L.SEG_P1], t[i, L.SEG_CTRL] = int(L.ptr(p0)), int(L.ptr(p1)), int(L.ptr(ctrl))
-        t[i, L.SEG_NSLOTS], t[i, L.SEG_MODE] = nslots, GDN_MODES[mode]
-    return cp.asarray(t)
+def _where(st, view) -> tuple:
+    """(name of the DeviceState buffer holding `view`, its byte offset in it)."""
+    p = int(view.data.ptr)
+    for name, a in st.buffers().items():
+        if a is not None and a.data.ptr <= p < a.data.ptr + a.nbytes:
+            return name, p - int(a.data.ptr)
+    raise ValueError("a segment table's state pointer is not in the DeviceState")
 
 
-def lower_batch(be, model, prog, calls: list) -> Plan:
-    """The plan of `prog` over several sequences' rows in one pass: calls = [(DeviceState, M_i,
-    gdn_mode_i)]. The row-wise ops (embedding, norms, projections) launch once over all the rows;
-    each op with state launches once with a segment table (kernels/common.cuh), whose entries give
-    every sequence its own rows, state, mode and ctrl block. The plan's ctrl block holds the
-    tokens of every row (the embedding reads them) and then one CTRL_TOK-word block a sequence
-    (position, live slot): the host writes all of it before each run (CUDABackend.run_batch).
-    Every DeviceState must have one layout (the same max_seq and ring slots), as a BatchEngine's
-    slots do: the launch's strides are its first one's."""
-    st0 = calls[0][0]
-    for st, _, _ in calls:
-        if (st.max_seq, st.nslots, st.S.shape, st.hist.shape) != (st0.max_seq, st0.nslots, st0.S.shape, st0.hist.shape):
-            raise ValueError("lower_batch: every sequence's DeviceState needs one layout (max_seq, ring slots)")
-    total = sum(m for _, m, _ in calls)
-    c = _Ctx(be, model, prog, st0, total, "in_place", segs=[])
+class BatchShape:
+    """What a batched plan is made for (kestrel/cuda/segments.py): one DeviceState layout, the
+    GDN modes its sequences may take, and its bounds: nseg segments, `rows` rows a segment,
+    `total` rows a pass."""
+
+    def __init__(self, st, modes, nseg: int, rows: int, total: int):
+        self.st, self.modes, self.nseg, self.rows, self.total = st, frozenset(modes), nseg, rows, total
+
+    @staticmethod
+    def layout(st) -> tuple:
+        return (st.max_seq, st.nslots, tuple(st.S.shape), tuple(st.hist.shape), tuple(st.gdn_in.shape),
+                st.mtp_kc is not None)
+
+
+def lower_batch(be, model, prog, shape: BatchShape) -> Plan:
+    """The plan of `prog` over several sequences' rows in one pass, for the bounds of `shape`.
+    The row-wise ops (embedding, norms, projections) launch once over all `total` rows; each op
+    with state launches once with a segment table whose entries give every sequence its own
+    rows, state, mode and ctrl block. The plan's ctrl block holds the tokens of every row (the
+    embedding reads them) and then one CTRL_TOK-word block a segment (position, live slot). The
+    host writes the ctrl block and every table before each run (CUDABackend._run_batch), so the
+    plan serves any sequences of the layout with any rows within its bounds; the launches'
+    strides are the layout's (shape.st, any one of its states)."""
+    st0, total = shape.st, shape.total
+    c = _Ctx(be, model, prog, st0, total, "in_place", batch=shape)
     for name, width in prog.buffers:      # the fold's inputs: gathered into the pass (_gdn_op)
         if name.startswith("gdn_in."):
             c.bufs[name] = c.P.buf(name, total, width)
-    c.P.ctrl = cp.zeros(L.CTRL_TOK + total + L.CTRL_TOK * len(calls), np.int32)
-    lo = 0
-    for i, (st, m, mode) in enumerate(calls):
-        at = L.CTRL_TOK + total + L.CTRL_TOK * i
-        c.segs.append(Seq(st, lo, m, mode, c.P.ctrl[at:at + L.CTRL_TOK]))
-        lo += m
+    c.P.ctrl = cp.zeros(L.CTRL_TOK + total + L.CTRL_TOK * shape.nseg, np.int32)
+    n_tables = sum(3 if op.kind == "gdn" else 1 for op in prog.ops if op.kind in ("gdn", "attention"))
+    c.P.seg_dev = cp.zeros((max(n_tables, 1), shape.nseg, L.SEG_WORDS), np.int64)
+    c.P.seg_specs, c.P.seg_last = [], None
     for op in prog.ops:
         if op.kind == "linear":
             _linear_op(c, op, op.dst)
@@ -205,6 +203,7 @@ def lower_batch(be, model, prog, calls: list) -> Plan:
         else:
             {"embed": _embed, "rmsnorm": _rmsnorm, "attention": _attention_op}[op.kind](c, op)
     c.P.hidden, c.P.logits = c.bufs.get(prog.hidden), c.bufs.get(prog.logits)
+    c.P.bounds = (shape.nseg, shape.rows, shape.total)   # not the state: a plan outlives its engine
     return c.P
 
 

@@ -25,6 +25,7 @@ class Staging:
         self.buf = [np.frombuffer(m, np.int32, words) for m in self.mem]
         self.ev = [None] * n
         self.i = 0
+        self.held = []          # (event, pinned memory) of put_array copies still in flight
 
     def put(self, dev, values):
         k = len(values)
@@ -42,6 +43,21 @@ class Staging:
         cp.cuda.runtime.memcpyAsync(dev.data.ptr, self.buf[i].ctypes.data, k * 4,
                                     cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
         ev.record(self.stream)
+
+
+    def put_array(self, dev, host: np.ndarray):
+        """dev[...] = host, any dtype and size (a batched plan's segment tables), through pinned
+        memory of its own that is kept until its copy has completed."""
+        while self.held and self.held[0][0].done:
+            self.held.pop(0)
+        mem = cp.cuda.alloc_pinned_memory(host.nbytes)
+        buf = np.frombuffer(mem, host.dtype, host.size)
+        buf[:] = host.reshape(-1)
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, buf.ctypes.data, host.nbytes, cp.cuda.runtime.memcpyHostToDevice,
+                                    self.stream.ptr)
+        ev = cp.cuda.Event(block=False, disable_timing=True)
+        ev.record(self.stream)
+        self.held.append((ev, mem))
 
 
 class Plan:

@@ -23,6 +23,7 @@ import kestrel
 from kestrel import speculative as spec
 from kestrel.ops import linear as _linear
 from kestrel.speculative.policy import Policy, recurrent_bytes
+from .sweep import plan_work
 
 
 def prompts_for(model, B: int, length: int = 16, seed: int = 0) -> list:
@@ -63,12 +64,15 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
         # its first use and captures it at its second, per batch shape and per engine
         be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=1)
         spec.batch_greedy(model, prompts, min(T, 4), engine=be)
+        w0 = plan_work(model.be)
         g = spec.batch_greedy(model, prompts, T, engine=be)
+        g_work = plan_work(model.be) - w0
         del be
         alone = all(g.streams[i] == kestrel.generate(model, prompts[i], T) for i in sorted({0, B - 1}))
         rows.append({"B": B, "mode": "greedy", "k": 0, "tokens_per_s": g.tokens_per_s, "ms_per_token": g.ms_per_token,
                      "speedup": 1.0, "bit_exact": bool(alone), "moved_per_round": None,
-                     "held_bytes": B * recurrent_bytes(model.cfg), "passes": g.passes})
+                     "held_bytes": B * recurrent_bytes(model.cfg), "passes": g.passes,
+                     "plans_lowered_or_captured_while_timed": g_work})
         if log:
             log(f"B={B:4d} greedy        {g.tokens_per_s:10.1f} tokens/s  {g.ms_per_token:8.3f} ms/token")
         for policy in policies:
@@ -79,15 +83,18 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
                                 schedules=[spec.Schedule(profile=profile, pairing=pairing, seed=seed + 10_000 + i)
                                            for i in range(B)], references=[x[:warm] for x in g.streams])
                 scheds = [spec.Schedule(profile=profile, pairing=pairing, seed=seed + 1 + i) for i in range(B)]
+                w0 = plan_work(model.be)
                 r = spec.batch_spec(model, prompts, T, k=k, policy=policy, drafter="replay", engine=be,
                                     schedules=scheds, references=g.streams)
+                r_work = plan_work(model.be) - w0
                 del be
                 rows.append({"B": B, "mode": policy, "k": k, "tokens_per_s": r.tokens_per_s,
                              "ms_per_token": r.ms_per_token, "speedup": g.ms / r.ms, "bit_exact": bool(r.bit_exact),
                              "moved_per_round": float(np.mean([moved_bytes_per_round(model.cfg, x) for x in r.runs])),
                              "held_bytes": held_bytes(model.cfg, policy, k, B), "passes": r.passes,
                              "tokens_per_round": float(np.mean([(T - x.tail_tokens) / max(1, len(x.rounds))
-                                                                for x in r.runs]))})
+                                                                for x in r.runs])),
+                             "plans_lowered_or_captured_while_timed": r_work})
                 if log:
                     x = rows[-1]
                     log(f"B={B:4d} {policy:12s} k={k} {x['tokens_per_s']:10.1f} tokens/s  {x['ms_per_token']:8.3f} "

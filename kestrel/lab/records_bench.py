@@ -297,3 +297,70 @@ def read_peer_file(f: Field, path: str) -> PeerFile:
         raise ResultsFileError(f"{path}: the first row must be kestrel's greedy decoding, measured")
     return PeerFile(read_provenance(f), path, f["model"].str(), f["T"].int(1), rows,
                     tuple(n.str() for n in f["notes"].items()))
+
+
+# ---- scripts/bench_batch.py --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchRow:
+    """One (B, mode, k) run of kestrel.lab.batching.sweep: mode is "greedy" (k = 0) or an undo policy."""
+    B: int
+    mode: str
+    k: int
+    tokens_per_s: float               # the whole batch
+    ms_per_token: float               # one sequence's time per output token (= the pass time for greedy)
+    speedup: float                    # greedy's batch time at the same B over this run's
+    bit_exact: bool
+    moved_per_round: float | None     # recurrent-state bytes a sequence moves per round (None for greedy)
+    held_bytes: int                   # recurrent-state bytes all B sequences hold
+    passes: int
+    tokens_per_round: float = 1.0
+    plans_made: int | None = None     # plans lowered or graphs captured while timed (a GPU; None: not recorded)
+
+
+@dataclass(frozen=True)
+class BatchFloor:
+    """One pass's weight bytes at the streaming-read bandwidth measured in the same run."""
+    weight_bytes: int
+    Bps: float
+    kind: str
+    ms: float
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    provenance: Provenance
+    path: str
+    model: str
+    weights: str
+    T: int
+    profile: tuple
+    pairing: str
+    rows: tuple
+    floor: BatchFloor | None
+
+    def greedy(self) -> dict:
+        """B -> the greedy row."""
+        return {r.B: r for r in self.rows if r.mode == "greedy"}
+
+    def row(self, B: int, mode: str, k: int = 0) -> BatchRow:
+        return next(r for r in self.rows if (r.B, r.mode, r.k) == (B, mode, k))
+
+
+def read_batch_file(f: Field, path: str) -> BatchFile:
+    rows = []
+    for r in f["rows"].items():
+        mode = r["mode"].one_of(("greedy", "replay", "flex-replay", "checkpoint", "input-cache"))
+        rows.append(BatchRow(r["B"].int(1), mode, r["k"].int(0), r["tokens_per_s"].num(), r["ms_per_token"].num(),
+                             r["speedup"].num(), r["bit_exact"].bool(),
+                             r["moved_per_round"].num() if r.has("moved_per_round") else None,
+                             r["held_bytes"].int(0), r["passes"].int(1),
+                             r["tokens_per_round"].num() if r.has("tokens_per_round") else 1.0,
+                             r.opt("plans_lowered_or_captured_while_timed", "int")))
+    if not any(r.mode == "greedy" for r in rows):
+        raise ResultsFileError(f"{path}: rows: no greedy row (every speedup is against one)")
+    floor = None
+    if f.has("floor"):
+        g = f["floor"]
+        floor = BatchFloor(g["weight_bytes"].int(1), g["Bps"].num(), g["kind"].str(), g["ms"].num())
+    return BatchFile(read_provenance(f), path, f["model"].str(), f.opt("weights", "str") or "fp32", f["T"].int(1),
+                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor)

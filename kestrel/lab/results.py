@@ -18,9 +18,9 @@ from kestrel import settings
 
 from .checks import Field, ResultsFileError
 from .records import Provenance, SpecFile, SpecSection, read_section, read_spec_file, read_sweep
-from .records_bench import (AdaptiveFile, Comparison, EngineFile, GdnFile, HostFile, PeerFile, ProjectionsFile,
-                            read_adaptive_file, read_comparison_file, read_engine_file, read_gdn_file, read_host_file,
-                            read_peer_file, read_projections_file)
+from .records_bench import (AdaptiveFile, BatchFile, Comparison, EngineFile, GdnFile, HostFile, PeerFile,
+                            ProjectionsFile, read_adaptive_file, read_batch_file, read_comparison_file, read_engine_file,
+                            read_gdn_file, read_host_file, read_peer_file, read_projections_file)
 from .plots import annotate_provenance
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
@@ -141,6 +141,11 @@ def load_peer(source="bench_peer", folder: Path | None = None) -> PeerFile:
     return _read(read_peer_file, source, folder)
 
 
+def load_batch(source="bench_batch", folder: Path | None = None) -> BatchFile:
+    """A results file of scripts/bench_batch.py."""
+    return _read(read_batch_file, source, folder)
+
+
 def load_comparison(source="bench_before_after", folder: Path | None = None) -> Comparison:
     """A results file of scripts/compare_bench.py."""
     return _read(read_comparison_file, source, folder)
@@ -149,10 +154,10 @@ def load_comparison(source="bench_before_after", folder: Path | None = None) -> 
 # Each family's field reader and loader, by the start of its files' names.
 READERS = {"bench_spec": read_spec_file, "bench_engine": read_engine_file, "bench_projections": read_projections_file,
            "bench_gdn": read_gdn_file, "bench_host": read_host_file, "bench_before_after": read_comparison_file,
-           "bench_adaptive": read_adaptive_file, "bench_peer": read_peer_file}
+           "bench_adaptive": read_adaptive_file, "bench_peer": read_peer_file, "bench_batch": read_batch_file}
 LOADERS = {"bench_spec": load_spec, "bench_engine": load_engine, "bench_projections": load_projections,
            "bench_gdn": load_gdn, "bench_host": load_host, "bench_before_after": load_comparison,
-           "bench_adaptive": load_adaptive, "bench_peer": load_peer}
+           "bench_adaptive": load_adaptive, "bench_peer": load_peer, "bench_batch": load_batch}
 
 
 def load(path):

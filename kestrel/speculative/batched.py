@@ -246,9 +246,14 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
         if calls:
             out = be.forward(calls)
             passes += 1
-            for slot, r in rounds.items():
+            order = list(rounds)              # one argmax and one read for every sequence's verify rows
+            ids = clock.to_numpy(clock.argmax(clock.xp.concatenate([out[s].logits for s in order]))).reshape(-1)
+            lo = 0
+            for slot in order:
+                r, m = rounds[slot], len(out[slot].logits)
                 r.lap("verify")
-                running[slot][1].end_round(r, out[slot])
+                running[slot][1].end_round(r, out[slot], [int(x) for x in ids[lo:lo + m]])
+                lo += m
             be.fold_states(folds)               # the input-cache folds of every sequence, one pass
             folds.clear()
         for slot in [s for s, (_, run) in running.items() if len(run.stream) >= run.T]:

@@ -148,11 +148,14 @@ class SpecRun:
             r.lap("mark")
         return r
 
-    def end_round(self, r: "RoundInFlight", s):
-        """Steps 3-7 given the verify's Step s: accept, emit, finalise, sync, the next anchor."""
+    def end_round(self, r: "RoundInFlight", s, rows: list | None = None):
+        """Steps 3-7 given the verify's Step s: accept, emit, finalise, sync, the next anchor.
+        rows: the verify rows' argmax as ints, where the caller has read them already (a batch
+        reads every sequence's in one copy)."""
         be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
         p, k, drafts, lap, ev, names, mcur = r.p, r.k, r.drafts, r.lap, r.ev, r.names, r.mcur
-        rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
+        if rows is None:
+            rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
         drafts = draft_tokens(drafts)        # still on the device until now: read after the same wait
         n_ok = 1 if ctx.a_p == drafts[0] else 0
         while n_ok >= 1 and n_ok < k and rows[n_ok - 1] == drafts[n_ok]:
