@@ -270,7 +270,7 @@ class CUDABackend:
         tab = segments.words(plan.seg_specs, [m for _, m, _ in shape], [mode for _, _, mode in shape],
                              [{n: int(a.data.ptr) for n, a in st.buffers().items() if a is not None} for st, _, _ in shape],
                              [ctrl0 + 4 * L.CTRL_TOK * i for i in range(len(shape))], shape[0][0].nslots, nseg)
-        if plan.seg_last is None or not np.array_equal(tab, plan.seg_last):
+        if plan.seg_specs and (plan.seg_last is None or not np.array_equal(tab, plan.seg_last)):
             self._staging.put_array(plan.seg_dev[:len(plan.seg_specs)], tab)
             plan.seg_last = tab
 
