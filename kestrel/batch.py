@@ -32,8 +32,8 @@ join when every slot is in use.
 Backends: the CPU runs the pass as above. The CUDA backend lowers each pass into one plan
 (kestrel/cuda/lower.py lower_batch): every row-wise op is one launch over all the rows, and every
 op with state is one launch whose segment table (kernels/common.cuh) hands each slot's blocks
-that slot's rows, state, mode and position; the plan is cached per batch shape and replayed as
-a CUDA graph. The folds of a fold_cached call are one such pass too.
+that slot's rows, state, mode and position; a plan is made for bounds on the rows and rewritten
+tables serve every mix within them (kestrel/cuda/segments.py), replayed as a CUDA graph. The folds of a fold_cached call are one such pass too.
 """
 from __future__ import annotations
 
@@ -163,28 +163,24 @@ class BatchEngine:
             pending[s][1]._fill(toks, hs)
 
     def _accepts(self, ns: dict, kind: str, what: str) -> dict:
+        """{slot: n} checked for every slot before any state changes -> {slot: Engine._accept's (pos, m, n)}."""
         if not isinstance(ns, dict) or not ns:
             raise KestrelError(f"{what}: takes a non-empty dict {{slot: n}}, got {ns!r:.60}")
         checked = {}
         for slot, n in ns.items():
             s = self._slot(slot, what)
-            checked[s] = self._engines[s]._accept(kind, n, f"{what} (slot {s})")[2]   # no state touched
+            checked[s] = self._engines[s]._accept(kind, n, f"{what} (slot {s})")   # no state touched
         return checked
 
     def select_checkpoint(self, ns: dict):
         """{slot: n}: each slot keeps the first n rows of its pending checkpointed verify."""
-        for s, n in self._accepts(ns, "checkpointed", "select_checkpoint").items():
+        for s, (_, _, n) in self._accepts(ns, "checkpointed", "select_checkpoint").items():
             self._engines[s].select_checkpoint(n)
 
     def fold_cached(self, ns: dict):
         """{slot: n}: each slot folds the first n rows of its pending cached verify, every slot's
         rows in one pass (Model.fold_batch), each slot's state as its Engine.fold_cached leaves it."""
-        if not isinstance(ns, dict) or not ns:
-            raise KestrelError(f"fold_cached: takes a non-empty dict {{slot: n}}, got {ns!r:.60}")
-        acc = {}
-        for slot, n in ns.items():
-            s = self._slot(slot, "fold_cached")
-            acc[s] = self._engines[s]._accept("cached", n, f"fold_cached (slot {s})")     # no state touched
+        acc = self._accepts(ns, "cached", "fold_cached")
         self.fold_states([(n, self._engines[s].state) for s, (_, _, n) in sorted(acc.items()) if n])
         for s, (pos, _, n) in acc.items():
             self._engines[s]._folded(pos, n)

@@ -260,7 +260,7 @@ class CUDABackend:
         """Before a batched plan runs: its ctrl block (every row's token, each segment's position
         and live slot) and every segment table (segments.words), rewritten only when they change."""
         nseg, _, total = plan.bounds
-        words = [0] * L.CTRL_TOK + [int(t) for t in tokens] + [0] * (total - len(tokens))
+        words = [0] * L.CTRL_TOK + list(tokens) + [0] * (total - len(tokens))
         for (st, _, _), p in zip(shape, pos):
             blk = [0] * L.CTRL_TOK
             blk[L.CTRL_POS], blk[L.CTRL_SLOT] = int(p), int(st.slot)
@@ -308,9 +308,10 @@ class CUDABackend:
         each weight once, the ops with state run each sequence on its own state through a
         segment table, and every row holds the bits of the same call made alone."""
         plan, ms = self._run_batch(model, prog, calls, hids)
+        n = sum(ms)                    # the pass's rows: the plan's padding rows are not copied
         with self.stream:
-            h = None if plan.hidden is None else plan.hidden.copy()
-            lg = None if plan.logits is None else plan.logits.copy()
+            h = None if plan.hidden is None else plan.hidden[:n].copy()
+            lg = None if plan.logits is None else plan.logits[:n].copy()
         out, lo = [], 0
         for m in ms:
             out.append((None if h is None else h[lo:lo + m], None if lg is None else lg[lo:lo + m]))

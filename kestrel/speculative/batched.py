@@ -83,6 +83,12 @@ def _slots(slots, n: int) -> int:
     return n if slots is None else inputs.count(slots, "slots", 1, n, "the number of prompts")
 
 
+def _argmax_read(be, logits: list) -> np.ndarray:
+    """Every row's argmax of several sequences' logits, in order: one argmax and one read to the
+    host for the whole batch, not one a sequence."""
+    return be.to_numpy(be.argmax(be.xp.concatenate(logits))).reshape(-1)
+
+
 def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine: BatchEngine | None = None) -> BatchResult:
     """Greedy decoding of T tokens after each prompt, `slots` sequences at a time, one pass a
     token for all of them (a sequence joins when one leaves)."""
@@ -115,8 +121,8 @@ def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine
         if calls:
             out = be.forward(calls)
             passes += 1
-            order = list(out)               # one argmax and one read for the whole batch's next tokens
-            nxt = clock.to_numpy(clock.argmax(clock.xp.concatenate([out[s].logits[:1] for s in order])))
+            order = list(out)
+            nxt = _argmax_read(clock, [out[s].logits[:1] for s in order])
             for slot, t in zip(order, nxt):
                 running[slot] = (running[slot][0], int(t))
     ms = clock.elapsed_ms(t0, clock.now())
@@ -246,8 +252,8 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
         if calls:
             out = be.forward(calls)
             passes += 1
-            order = list(rounds)              # one argmax and one read for every sequence's verify rows
-            ids = clock.to_numpy(clock.argmax(clock.xp.concatenate([out[s].logits for s in order]))).reshape(-1)
+            order = list(rounds)
+            ids = _argmax_read(clock, [out[s].logits for s in order])
             lo = 0
             for slot in order:
                 r, m = rounds[slot], len(out[slot].logits)
