@@ -5,10 +5,11 @@
     plan.py      a plan: a fixed list of launches over fixed buffers, replayed as a CUDA graph
     cache.py     which plans the backend keeps (PLAN_CACHE per model, LRU), when one is lowered and captured
     lower.py     lowering a model program (kestrel/program.py) into a plan
+    segments.py  a batched pass's segment tables, rewritten by the host before each run (NumPy)
     backend.py   CUDABackend: weights, buffers, clocks, `run`, random weights drawn on the GPU
 
-The launchers themselves live beside their NumPy twins in kestrel/ops. Only launch.py and
-cache.py are importable without CuPy; the rest is imported when a CUDA backend is asked for.
+The launchers themselves live beside their NumPy twins in kestrel/ops. Only launch.py,
+cache.py and segments.py are importable without CuPy; the rest is imported when a CUDA backend is asked for.
 """
 
 
