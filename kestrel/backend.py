@@ -108,13 +108,15 @@ class CPUBackend:
         -> (argmax tokens [k] int64, hiddens [k, D])."""
         return self.mtp_chain_batch(model, prog, [(st, token, hid, pos, k, forced, fill)])[0]
 
-    def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
+    def run_batch(self, model, prog, calls: list, hids: list | None = None, room: tuple = (1, 1)) -> list:
         """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
         calls = [(DeviceState, tokens [m_i], pos_i, gdn_mode_i)]. The row-wise ops (embed, norms,
         projections) run once over every call's rows stacked; the ops with state (GDN,
         attention) run each call's rows on its own state at its own positions. A projection
         computes each row on its own (ops/linear.py: fixed 8-row blocks), so every call's rows
-        come out bit-identical to the same call made alone. -> [(hidden [m_i, D], logits [m_i, V])]."""
+        come out bit-identical to the same call made alone. -> [(hidden [m_i, D], logits [m_i, V])].
+        room (the most sequences and rows a sequence the caller's passes have) sizes the CUDA
+        backend's plans; the CPU makes none and ignores it."""
         toks, segs, lo = [], [], 0
         for st, tokens, pos, gdn_mode in calls:
             t = np.asarray(tokens.host() if isinstance(tokens, DraftFeed) else tokens, dtype=np.int64)
@@ -129,7 +131,7 @@ class CPUBackend:
         h, lg = env.get(prog.hidden), env.get(prog.logits)
         return [(h[s.lo:s.hi], lg[s.lo:s.hi]) for s in segs]
 
-    def mtp_chain_batch(self, model, prog, chains: list) -> list:
+    def mtp_chain_batch(self, model, prog, chains: list, room: tuple = (1, 1)) -> list:
         """Several sequences' draft chains in lockstep, row j of every chain in one pass:
         chains = [(DeviceState, token, hid [1, D], pos, k, forced, fill)] as mtp_chain takes them
         -> [(tokens [k], hiddens [k, D])], each bit-identical to its mtp_chain alone."""
@@ -143,7 +145,7 @@ class CPUBackend:
         for j in range(max(c[4] for c in chains)):
             live = [i for i, c in enumerate(chains) if j < c[4]]
             res = self.run_batch(model, prog, [(chains[i][0], cur[i][0], cur[i][2], "in_place") for i in live],
-                                 hids=[cur[i][1] for i in live])
+                                 hids=[cur[i][1] for i in live], room=room)
             for i, (h, lg) in zip(live, res):
                 forced = chains[i][5]
                 cur[i][2] += len(cur[i][0])
@@ -157,7 +159,7 @@ class CPUBackend:
         env = {f"gdn_in.{g}": st.gdn_in[g, :n] for g in range(st.gdn_in.shape[0])}
         self.execute(model, prog, prog.ops, env, st, 0, "in_place")
 
-    def fold_batch(self, model, prog, folds: list):
+    def fold_batch(self, model, prog, folds: list, room: tuple = (1, 1)):
         """Several sequences' folds: folds = [(n, DeviceState)], one after another."""
         for n, st in folds:
             self.fold(model, prog, st, n)

@@ -32,8 +32,12 @@ join when every slot is in use.
 Backends: the CPU runs the pass as above. The CUDA backend lowers each pass into one plan
 (kestrel/cuda/lower.py lower_batch): every row-wise op is one launch over all the rows, and every
 op with state is one launch whose segment table (kernels/common.cuh) hands each slot's blocks
-that slot's rows, state, mode and position; a plan is made for bounds on the rows and rewritten
-tables serve every mix within them (kestrel/cuda/segments.py), replayed as a CUDA graph. The folds of a fold_cached call are one such pass too.
+that slot's rows, state, mode and position; a plan is made for bounds on the rows (the batch's
+`room`: its slots and widest call) and rewritten tables serve every mix within them
+(kestrel/cuda/segments.py), replayed as a CUDA graph. The folds of a fold_cached call are one
+such pass too. A plan is made (lowered, then captured) at its first two uses; `prepare` makes
+every plan a batch can need up front, as a server captures its graphs before it takes traffic,
+so that no timed pass pays for one.
 """
 from __future__ import annotations
 
@@ -64,6 +68,13 @@ class BatchEngine:
     @property
     def slots(self) -> int:
         return len(self._engines)
+
+    @property
+    def room(self) -> tuple:
+        """(slots, the widest call's rows): what every pass of this batch fits in. The CUDA
+        backend plans each pass for it, so a batch whose sequences finish one by one, or whose
+        draft chains start with different fill rows, reuses its plans instead of making new ones."""
+        return len(self._engines), self._engines[0].mmax + 1
 
     @property
     def active(self) -> list:
@@ -103,6 +114,20 @@ class BatchEngine:
         self._engines[s].reset()
         self._live.discard(s)
 
+    def prepare(self, kinds=("step",), drafts: bool = False) -> int:
+        """Make now every plan this batch's passes can need, so that no later pass pays for one:
+        the main model's for each kind of call in `kinds` (a list of KINDS names; one batch of
+        one policy: its verify's kind alone), the MTP head's (drafts) and the fold's (when
+        "verify_cached" is among them), at every row count the room admits. A backend that
+        makes no plans (the CPU) has nothing to do. Touches no slot's state. -> plans made."""
+        if isinstance(kinds, str) or not kinds or any(k not in KINDS for k in kinds):
+            raise KestrelError(f"prepare: kinds is a non-empty list of {tuple(KINDS)}, got {kinds!r:.60}")
+        make = getattr(self.model.be, "prepare_batch", None)
+        if make is None:
+            return 0
+        modes = frozenset(KINDS[k][0] for k in kinds)
+        return make(self.model, self._engines[0].state, self.room, [modes], bool(drafts), "verify_cached" in kinds)
+
     # ---- one pass over many slots -------------------------------------------------------------
     def forward(self, calls: dict) -> dict:
         """calls: {slot: (kind, pos, tokens)}, kind "step" | "verify_checkpointed" |
@@ -120,7 +145,7 @@ class BatchEngine:
             pos, toks = eng._batch(pos, tokens, f"forward (slot {s}, {kind})")    # no state touched
             plan.append((s, kind, pos, toks))
         outs = self.model.forward_batch([(self._engines[s].state, toks, pos, KINDS[kind][0])
-                                         for s, kind, pos, toks in plan])
+                                         for s, kind, pos, toks in plan], self.room)
         result = {}
         for (s, kind, pos, toks), (h, lg) in zip(plan, outs):
             eng = self._engines[s]
@@ -159,7 +184,7 @@ class BatchEngine:
         for s in order:
             pos, tok, hid, k, forced, fill = pending[s][0]
             chains.append((self._engines[s].state, tok, hid, pos, k, forced, fill))
-        for s, (toks, hs) in zip(order, self.model.mtp_draft_batch(chains)):
+        for s, (toks, hs) in zip(order, self.model.mtp_draft_batch(chains, self.room)):
             pending[s][1]._fill(toks, hs)
 
     def _accepts(self, ns: dict, kind: str, what: str) -> dict:
@@ -189,7 +214,7 @@ class BatchEngine:
         """[(n, DeviceState)]: run those folds now, in one pass (the batched driver defers each
         sequence's fold to here, after every sequence has ended its round)."""
         if folds:
-            self.model.fold_batch(folds)
+            self.model.fold_batch(folds, self.room)
 
     def snapshot_state(self) -> dict:
         """slot -> that slot's Engine.snapshot_state(), every slot (tests compare them bit for bit)."""

@@ -36,26 +36,27 @@ class Model:
         state.slot + 1 + j) or cache (the live state only read; the inputs kept in state.gdn_in)."""
         return self.be.run(self, self.main_prog, state, tokens, pos, gdn_mode=gdn_mode)
 
-    def forward_batch(self, calls: list) -> list:
+    def forward_batch(self, calls: list, room: tuple = (1, 1)) -> list:
         """Main model over several sequences' rows in one pass: calls = [(state, tokens [m_i],
         pos_i, gdn_mode_i)] -> [(hidden [m_i, D], logits [m_i, V])], each bit-identical to that
-        call's forward() alone (kestrel/batch.py)."""
-        return self.be.run_batch(self, self.main_prog, calls)
+        call's forward() alone (kestrel/batch.py). room = (sequences, rows a sequence) the
+        caller's passes can have: a backend that plans its passes (CUDA) plans for it."""
+        return self.be.run_batch(self, self.main_prog, calls, room=room)
 
-    def mtp_draft_batch(self, chains: list) -> list:
+    def mtp_draft_batch(self, chains: list, room: tuple = (1, 1)) -> list:
         """Several sequences' draft chains at once: chains = [(state, token, hidden [1, D], pos, k,
         forced, fill)] -> [(tokens [k], hiddens [k, D])], each as mtp_draft alone (kestrel/batch.py)."""
-        return self.be.mtp_chain_batch(self, self.mtp_prog, chains)
+        return self.be.mtp_chain_batch(self, self.mtp_prog, chains, room)
 
     def fold(self, n: int, state):
         """Run the first n rows of the last cached verify's GDN inputs into the live state, in
         place: S and hist become exactly what n plain steps would have left."""
         self.be.fold(self, self.fold_prog, state, n)
 
-    def fold_batch(self, folds: list):
+    def fold_batch(self, folds: list, room: tuple = (1, 1)):
         """fold() for several sequences at once: folds = [(n, state)], each as its fold alone
         (one batched pass on the GPU)."""
-        self.be.fold_batch(self, self.fold_prog, folds)
+        self.be.fold_batch(self, self.fold_prog, folds, room)
 
     def mtp_forward(self, tokens, hidden, pos: int, state):
         """MTP head over M rows at positions pos.. of its own KV cache: (h' [M,D], logits [M,V])."""

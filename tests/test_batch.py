@@ -327,6 +327,43 @@ def test_batch_spec_is_each_sequence_alone(tiny, policy, rng):
                 [(x.k, x.n_ok, x.drafts) for x in alone.rounds], (drafter, k)
 
 
+@pytest.mark.parametrize("policy", POLICIES)
+def test_prepare_makes_every_plan_a_decode_needs(tiny, policy, rng):
+    """BatchEngine.prepare: it touches no slot's state (the plans it makes run with every segment
+    empty), a second call makes nothing, and a whole speculative decode on the prepared engine
+    (sequences finishing one by one, each its own acceptance) makes no batched plan and stays
+    bit-exact. On the CPU, which makes no plans, it makes none."""
+    from kestrel import speculative as spec
+    n, k, T = int(rng.integers(2, 6)), int(rng.integers(1, 5)), int(rng.integers(8, 24))
+    prompts = [_prompt(rng, tiny, 9, 16) for _ in range(n)]          # prompts past 8 rows: no cached plan
+    refs = [kestrel.generate(tiny, p, T) for p in prompts]
+    be = kestrel.BatchEngine(tiny, slots=n, max_seq=64, mmax=k, batch="strict" if policy == "replay" else "flex")
+    for p in prompts[:2]:
+        be.join(p)
+    before = be.snapshot_state()
+    with pytest.raises(kestrel.KestrelError, match="kinds"):
+        be.prepare("step")
+    made = be.prepare((spec.verify_kind(policy),), drafts=True)
+    after = be.snapshot_state()
+    for i in range(be.slots):
+        for key, x in before[i].items():
+            assert np.array_equal(x, after[i][key]) if isinstance(x, np.ndarray) else x == after[i][key], (i, key)
+    assert be.prepare((spec.verify_kind(policy),), drafts=True) == 0
+    plans = getattr(tiny.be, "_batch_plans", {}).get(tiny)
+    if tiny.be.name == "cpu":
+        assert made == 0
+    else:
+        assert made > 0 and all(pl.graph is not None for pl in plans.values())
+    for s in list(be.active):
+        be.leave(s)
+    keys = set(plans or ())
+    sched = [spec.Schedule(seq=[int(x) for x in rng.integers(1, k + 1, 12)], pairing="trained") for _ in prompts]
+    r = spec.batch_spec(tiny, prompts, T, k=k, policy=policy, drafter="replay", engine=be, schedules=sched,
+                        references=refs)
+    assert r.bit_exact
+    assert set(plans or ()) == keys            # no batched plan made while decoding
+
+
 def test_batch_drivers_refuse_bad_arguments(tiny):
     from kestrel import speculative as spec
     with pytest.raises(spec.SpecArgumentError, match="non-empty list"):
@@ -419,19 +456,27 @@ def test_segment_tables_give_each_sequence_its_own_entry(rng):
             assert not got[t, n:].any()             # the padding segments: M = 0, null pointers
 
 
-def test_a_batch_of_draft_chains_needs_few_plans(rng):
-    """The passes a batch of B draft chains and folds makes (rows 1..k+1 a sequence, any mix)
-    fit few plan bounds (segments.bounds), so the CUDA backend's plan cache is not cycled."""
+def test_every_pass_of_a_batch_falls_in_its_prepared_plans(rng):
+    """The passes a batch of B slots and widest call k + 1 makes, whatever the mix (draft chains
+    with 0..k fill rows, verifies of 1..k+1 rows, folds of 1..k rows, sequences finishing one by
+    one so that fewer slots share a pass), have bounds among the ones BatchEngine.prepare makes
+    (segments.totals of the room): one nseg and one rows a batch, only the total varies, and the
+    totals a batch can need fit the CUDA backend's plan cache."""
     from kestrel.cuda import segments as S
     from kestrel.cuda.cache import BATCH_PLAN_CACHE
-    for B in (1, 2, 4, 8, 16, 32, 64):
-        chains, folds = set(), set()
-        for _ in range(1000):
-            ms = [int(m) for m in rng.integers(1, 5, B)]       # a chain's first row after 0..3 fill rows
-            chains.add(S.bounds(ms))
-            folds.add(S.bounds([min(m, 3) for m in ms[:int(rng.integers(1, B + 1))]], False, 3))   # k = 3
-        # room left for the verify, the later draft rows and greedy
-        assert len(chains) + len(folds) <= 12 <= BATCH_PLAN_CACHE - 4, (B, sorted(chains), sorted(folds))
+    for B in (1, 2, 3, 4, 8, 16, 33, 64):
+        for k in (1, 2, 3, 4):
+            room = (B, k + 1)
+            nseg, rows, _ = S.bounds([1], True, None, room)
+            made = {(nseg, rows, t) for t in S.totals(B * (k + 1))}
+            fold = S.bounds([1], False, k, room)
+            assert 2 * len(made) + 1 <= BATCH_PLAN_CACHE      # main, the MTP head, the fold
+            for _ in range(300):
+                n = int(rng.integers(1, B + 1))                 # the slots still decoding
+                ms = [int(m) for m in rng.integers(1, k + 2, n)]
+                assert S.bounds(ms, True, None, room) in made, (B, k, ms)
+                assert S.bounds([min(m, k) for m in ms], False, k, room) == fold
+                assert nseg >= n and rows >= max(ms)
 
 
 def test_batched_draft_chains_are_each_chain_alone(tiny, rng):

@@ -237,24 +237,65 @@ class CUDABackend:
             return out
 
     # ---- several sequences in one pass (the batched engine, kestrel/batch.py) -------------------
-    def _batch_plan(self, model, prog, shape: list):
+    def _batch_plan(self, model, prog, shape: list, room: tuple):
         """The cached plan for a batched pass over shape = [(DeviceState, rows, gdn_mode)]: made
-        for the bounds of those rows (segments.bounds), so that a later pass of another mix of
-        rows within them, or of other states of the same layout, reuses it."""
+        for the bounds of those rows and the caller's room (segments.bounds), so that a later
+        pass of another mix of rows within them, or of other states of the same layout, reuses it."""
         st0 = shape[0][0]
         lay = BatchShape.layout(st0)
         for st, _, _ in shape:
             if BatchShape.layout(st) != lay:
                 raise ValueError("a batched pass: every sequence's DeviceState needs one layout (max_seq, ring slots)")
         ms = [m for _, m, _ in shape]
-        nseg, rows, total = segments.bounds(ms, any(op.kind == "linear" for op in prog.ops), int(st0.gdn_in.shape[1]))
-        modes = frozenset(mode for _, _, mode in shape)
-        key = (prog.name, self.stack_projections, self.kernels, lay, modes, nseg, rows, total)
+        nseg, rows, total = segments.bounds(ms, any(op.kind == "linear" for op in prog.ops), int(st0.gdn_in.shape[1]),
+                                           room)
+        return self._batch_plan_at(model, prog, st0, frozenset(mode for _, _, mode in shape), nseg, rows, total)[0]
+
+    def _batch_plan_at(self, model, prog, st0, modes: frozenset, nseg: int, rows: int, total: int) -> tuple:
+        """(the cached plan of prog for st0's layout, these modes and bounds, whether made now)."""
+        key = (prog.name, self.stack_projections, self.kernels, BatchShape.layout(st0), modes, nseg, rows, total)
         plans = self._batch_plans.setdefault(model, PlanCache(BATCH_PLAN_CACHE))
         plan, made = plans.get_or_make(key, lambda: lower_batch(self, model, prog,
                                                                 BatchShape(st0, modes, nseg, rows, total)))
         self.stats["plans_lowered"] += made
-        return plan
+        return plan, made
+
+    def prepare_batch(self, model, st0, room: tuple, mode_sets: list, drafts: bool, folds: bool) -> int:
+        """Make, before they are needed, every batched plan a batch of DeviceStates laid out as
+        st0 can run within room = (sequences, rows a sequence): the main program for each GDN
+        mode set at every total (segments.totals), the MTP head's (drafts) and the fold (folds).
+        Each new plan runs twice with every segment empty (M = 0: the stateful kernels return at
+        once and no state is read or written; the row-wise ops compute on the plan's own
+        buffers), so it is lowered and its graph captured now. -> the plans made."""
+        made = 0
+        n = int(room[0]) * int(room[1])
+        jobs = [(model.main_prog, frozenset(ms), t) for ms in mode_sets for t in segments.totals(n)]
+        if drafts and model.mtp_prog is not None:
+            jobs += [(model.mtp_prog, frozenset({"in_place"}), t) for t in segments.totals(n)]
+        nseg, rows, _ = segments.bounds([1], True, None, room)
+        with self.stream:
+            for prog, modes, total in jobs:
+                plan, new = self._batch_plan_at(model, prog, st0, modes, nseg, rows, total)
+                made += self._warm(plan, new)
+            if folds:
+                fseg, frows, ftotal = segments.bounds([1], False, int(st0.gdn_in.shape[1]), room)
+                plan, new = self._batch_plan_at(model, model.fold_prog, st0, frozenset({"in_place"}), fseg, frows, ftotal)
+                made += self._warm(plan, new)
+        return made
+
+    def _warm(self, plan, new: bool) -> int:
+        """Run a batched plan with empty segments until its graph is captured (prepare_batch)."""
+        if not new and (plan.graph is not None or not plan.graphable):
+            return 0
+        if plan.seg_last is not None:            # a used plan: empty its tables first
+            plan.seg_dev[...] = 0
+            plan.seg_last = None
+        plan.ctrl[...] = 0
+        while plan.graph is None and plan.graphable and self.use_graphs and plan.calls < 2:
+            plan.run()
+        if plan.calls == 0:
+            plan.run()
+        return int(new)
 
     def _put_batch(self, plan, shape: list, tokens: list, pos: list):
         """Before a batched plan runs: its ctrl block (every row's token, each segment's position
@@ -274,13 +315,13 @@ class CUDABackend:
             self._staging.put_array(plan.seg_dev[:len(plan.seg_specs)], tab)
             plan.seg_last = tab
 
-    def _run_batch(self, model, prog, calls: list, hids) -> tuple:
+    def _run_batch(self, model, prog, calls: list, hids, room: tuple) -> tuple:
         """Run one batched pass -> (the plan, each call's row count). The plan's output buffers
         hold the pass's rows (first rows first; any past them are padding) until its next run."""
         toks = [[int(t) for t in (x.host() if isinstance(x, DraftFeed) else x)] for _, x, _, _ in calls]
         shape = [(st, len(t), mode) for (st, _, _, mode), t in zip(calls, toks)]
         with self.stream:
-            plan = self._batch_plan(model, prog, shape)
+            plan = self._batch_plan(model, prog, shape, room)
             if hids is not None:
                 n = sum(len(t) for t in toks)
                 plan.bufs["hid"][:n] = cp.concatenate([cp.asarray(h, dtype=np.float32).reshape(len(t), -1)
@@ -289,7 +330,7 @@ class CUDABackend:
             plan.run()
         return plan, [len(t) for t in toks]
 
-    def fold_batch(self, model, prog, folds: list):
+    def fold_batch(self, model, prog, folds: list, room: tuple = (1, 1)):
         """Several sequences' folds in one pass: folds = [(n, DeviceState)]. Each GDN layer
         gathers every sequence's first n cached input rows into the pass and runs them in place
         on that sequence's live state (a segment table): each state as its fold alone leaves it."""
@@ -297,17 +338,18 @@ class CUDABackend:
             return
         shape = [(st, n, "in_place") for n, st in folds]
         with self.stream:
-            plan = self._batch_plan(model, prog, shape)
+            plan = self._batch_plan(model, prog, shape, room)
             self._put_batch(plan, shape, [0] * sum(n for n, _ in folds), [0] * len(folds))
             plan.run()
 
-    def run_batch(self, model, prog, calls: list, hids: list | None = None) -> list:
+    def run_batch(self, model, prog, calls: list, hids: list | None = None, room: tuple = (1, 1)) -> list:
         """Several sequences' rows in one pass of `prog` (the batched engine, kestrel/batch.py):
         calls = [(DeviceState, tokens [m_i], pos_i, gdn_mode_i)] -> [(hidden [m_i, D], logits
         [m_i, V])]. One launch of each op for all the rows (lower_batch): the projections read
         each weight once, the ops with state run each sequence on its own state through a
-        segment table, and every row holds the bits of the same call made alone."""
-        plan, ms = self._run_batch(model, prog, calls, hids)
+        segment table, and every row holds the bits of the same call made alone. room: the
+        (sequences, rows a sequence) the caller's passes can have, which the plan is made for."""
+        plan, ms = self._run_batch(model, prog, calls, hids, room)
         n = sum(ms)                    # the pass's rows: the plan's padding rows are not copied
         with self.stream:
             h = None if plan.hidden is None else plan.hidden[:n].copy()
@@ -318,7 +360,7 @@ class CUDABackend:
             lo += m
         return out
 
-    def mtp_chain_batch(self, model, prog, chains: list) -> list:
+    def mtp_chain_batch(self, model, prog, chains: list, room: tuple = (1, 1)) -> list:
         """Several sequences' draft chains in lockstep, row j of every chain in one batched pass:
         chains = [(DeviceState, token, hid [1, D], pos, k, forced, fill)] as mtp_chain takes them
         -> [(tokens [k] as host ints, hiddens [k, D] on the device)], each bit-identical to its
@@ -335,7 +377,7 @@ class CUDABackend:
         for j in range(max(c[4] for c in chains)):
             live = [i for i, c in enumerate(chains) if j < c[4]]
             plan, ms = self._run_batch(model, prog, [(chains[i][0], cur[i][0], cur[i][2], "in_place") for i in live],
-                                       [cur[i][1] for i in live])
+                                       [cur[i][1] for i in live], room)
             with self.stream:
                 last = cp.asarray(np.cumsum(ms) - 1)             # each chain's row j: its last row of the pass
                 hl = plan.hidden[last]

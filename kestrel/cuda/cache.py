@@ -25,11 +25,12 @@ PLAN_CACHE = 256
 
 # The batched engine's passes (lower_batch) are kept apart: a pass over 64 sequences' rows holds
 # hundreds of MB of activations at 27B (the logits alone: 256 rows x 248320 x 4 bytes). A plan
-# serves every mix of rows within its bounds (segments.py), and a decode's mixes fall in a few
-# bounds: at most 12 for a batch's first draft rows and folds whatever the mix (tests/
-# test_batch.py), plus the verify, the later draft rows and greedy. With 8, the H100 run of
-# 2026-12-05 (plans keyed on every sequence's rows then) re-lowered passes every round.
-BATCH_PLAN_CACHE = 24
+# is made for a batch's room (its slots and widest call, segments.bounds) and serves every mix
+# of rows within it; only the pass's total rows varies, over segments.totals: at most 20 totals
+# for 64 slots of 5 rows, so one batch's main, MTP and fold plans (41) fit with room to spare
+# (tests/test_batch.py). With 8 plans keyed on every sequence's rows, the H100 run of
+# 2026-12-05 re-lowered passes every round.
+BATCH_PLAN_CACHE = 64
 
 
 class PlanCache(collections.OrderedDict):

@@ -48,15 +48,25 @@ def pass_total(rows: int) -> int:
     return p * 3 // 4 if rows <= p * 3 // 4 else p
 
 
-def bounds(ms: list, has_projections: bool = True, rows_at_most: int | None = None) -> tuple:
+def totals(rows_at_most: int) -> list:
+    """Every `total` a pass of 1..rows_at_most rows is planned for (pass_total), smallest first:
+    the plans a batch can need, which BatchEngine.prepare makes before a timed run."""
+    return sorted({pass_total(n) for n in range(1, int(rows_at_most) + 1)})
+
+
+def bounds(ms: list, has_projections: bool = True, rows_at_most: int | None = None, room: tuple = (1, 1)) -> tuple:
     """(nseg, rows, total) a batched plan is made for, given its sequences' row counts ms.
+    room = (sequences, rows a sequence) the caller's passes can have (a BatchEngine's slots and
+    widest call): nseg and rows are made for it, not for this pass alone, so that a batch whose
+    sequences finish one by one, or whose draft chains start with different fill rows, keeps
+    its plans. Only `total` follows the pass (the projections compute every planned row).
     A pass without projections (the fold) pads its rows for free: it is planned for the most
     rows any sequence can have (rows_at_most, the layout's input-cache rows), total = nseg * rows."""
-    nseg = _pow2(len(ms))
+    nseg = _pow2(max(len(ms), int(room[0])))
     if not has_projections:
         rows = _pow2(max(max(ms), rows_at_most or 1))
         return nseg, rows, nseg * rows
-    return nseg, _pow2(max(ms)), pass_total(sum(ms))
+    return nseg, _pow2(max(max(ms), int(room[1]))), pass_total(sum(ms))
 
 
 @dataclass(frozen=True)

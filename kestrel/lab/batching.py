@@ -60,9 +60,10 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
     for B in Bs:
         prompts = prompts_for(model, B, prompt_len, seed)
         need = max(len(p) for p in prompts) + T + 2 * max(ks, default=1) + 4
-        # every run has a warm-up on its own BatchEngine first: the GPU lowers a pass's plan at
-        # its first use and captures it at its second, per batch shape and per engine
+        # every run has its own BatchEngine, whose batched plans are made first (prepare), then a
+        # warm-up: the per-slot plans (a replay's steps, a plain tail) are made at first use
         be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=1)
+        be.prepare(("step",))          # every plan the batch can need, made before the clock runs
         spec.batch_greedy(model, prompts, min(T, 4), engine=be)
         w0 = plan_work(model.be)
         g = spec.batch_greedy(model, prompts, T, engine=be)
@@ -78,6 +79,7 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
         for policy in policies:
             for k in ks:
                 be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=k, batch=Policy.parse(policy).batch)
+                be.prepare((spec.verify_kind(policy),), drafts=True)
                 warm = min(T, 8)
                 spec.batch_spec(model, prompts, warm, k=k, policy=policy, drafter="replay", engine=be,
                                 schedules=[spec.Schedule(profile=profile, pairing=pairing, seed=seed + 10_000 + i)

@@ -28,7 +28,7 @@
 from .accept import Acceptance, check_depth, combine, implied_nok, teacher_forced
 from .adaptive import Choice, KChooser
 from .baseline import greedy_timed, reference_stream
-from .batched import BatchResult, batch_greedy, batch_spec
+from .batched import BatchResult, batch_greedy, batch_spec, verify_kind
 from .control import mtp_cursor_control
 from .cost import Prediction, compare, equivalent_alpha, mean_nok, predict, predict_result, round_cost
 from .drafters import (DRAFTERS, FEEDS, Drafter, MTPArticleDrafter, MTPDrafter, ReplayDrafter, draft_tokens,
@@ -50,7 +50,7 @@ from .units import K_VALUES, UnitCosts, check_measurement, edit_units, measure_u
 __all__ = [
     # the round
     "run_spec", "validate_run", "KChooser", "Choice", "RunArgs", "greedy_timed", "reference_stream", "default_starts", "Mistakes",
-    "TAILS", "mtp_cursor_control", "batch_greedy", "batch_spec", "BatchResult",
+    "TAILS", "mtp_cursor_control", "batch_greedy", "batch_spec", "BatchResult", "verify_kind",
     # types
     "Policy", "Finalised", "POLICIES", "REPLAY", "FLEX_REPLAY", "CHECKPOINT", "INPUT_CACHE", "recurrent_bytes",
     "cached_row_bytes", "Pairing", "PAIRINGS", "PAIRING_DOC",

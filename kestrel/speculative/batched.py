@@ -36,6 +36,7 @@ from ..model import Model
 from .baseline import check_length, check_tokens
 from .driver import validate_run
 from .errors import SpecArgumentError
+from .policy import Policy
 from .records import SpecResult
 from .round import SpecRun
 
@@ -159,6 +160,14 @@ class _DeferredDrafts:
         if n:
             self.folds.append((n, self._eng.state))
         self._eng._folded(pos, n)
+
+
+def verify_kind(policy) -> str:
+    """The BatchEngine.forward kind a policy's verify calls ("step", "verify_checkpointed" or
+    "verify_cached"): what BatchEngine.prepare needs to know."""
+    rec = _VerifyCall()
+    Policy.parse(policy).verify(rec, 0, [0])
+    return rec.call[0]
 
 
 class _VerifyCall:
