@@ -127,6 +127,30 @@ __device__ __forceinline__ void copy_state(float* __restrict__ dst, const float*
     }
 }
 
+// A batched launch (seg != null): point the recurrence at segment blockIdx.y's rows, state ring,
+// ctrl block, ring slots and mode (common.cuh), so its blocks run the single-sequence code on
+// that sequence alone. false: the segment is past the pass's (M = 0); the caller returns.
+__device__ __forceinline__ bool recur_segment(const i64* __restrict__ seg, const float* __restrict__& xc, int ldx,
+                                              const float* __restrict__& z, int ldz, const float* __restrict__& b,
+                                              int ldb, const float* __restrict__& a, int lda, float* __restrict__& y,
+                                              int ldy, int& M, float* __restrict__& S_ring,
+                                              const int* __restrict__& ctrl, int& nslots, int& mode) {
+    if (!seg) return true;
+    const Seg sg = seg_at(seg, blockIdx.y);
+    if (sg.M == 0) return false;
+    xc += sg.lo * ldx;
+    z += sg.lo * ldz;
+    b += sg.lo * ldb;
+    a += sg.lo * lda;
+    y += sg.lo * ldy;
+    M = sg.M;
+    S_ring = (float*)sg.p0;
+    ctrl = sg.ctrl;
+    nslots = sg.nslots;
+    mode = sg.mode;
+    return true;
+}
+
 // REGS = false: S in shared memory, any dk, dv the launcher accepts. REGS = true: dk = DK and
 // dv = DV fixed at compile time, each thread keeping its NPER = DK / nslice elements of S (column
 // col, k = kslice + i·nslice) in registers; compile-time dims turn every address into a base plus
@@ -143,20 +167,8 @@ __device__ __forceinline__ void gdn_recur_body(
     float* sm = reinterpret_cast<float*>(sm4);
     griddep_launch();
     griddep_wait();
-    if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
-        const Seg sg = seg_at(seg, blockIdx.y);
-        if (sg.M == 0) return;     // a segment past the pass's, the whole block (cluster) before any barrier
-        xc += sg.lo * ldx;
-        z += sg.lo * ldz;
-        b += sg.lo * ldb;
-        a += sg.lo * lda;
-        y += sg.lo * ldy;
-        M = sg.M;
-        S_ring = (float*)sg.p0;
-        ctrl = sg.ctrl;
-        nslots = sg.nslots;
-        mode = sg.mode;
-    }
+    // a segment past the pass's returns, the whole block (cluster) before any barrier
+    if (!recur_segment(seg, xc, ldx, z, ldz, b, ldb, a, lda, y, ldy, M, S_ring, ctrl, nslots, mode)) return;
     const int dk = REGS ? DK : dk_arg, dv = REGS ? DV : dv_arg;
     constexpr int NSLICE = REGS ? (GDN_RECUR_THREADS / DV < DK ? GDN_RECUR_THREADS / DV : DK) : 1;
     constexpr int NPER = REGS ? (DK + NSLICE - 1) / NSLICE : 1;
@@ -386,20 +398,8 @@ gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     __shared__ float osq[2][R][GDN_CLUSTER];            // Σo² of each block's columns (written by every block)
     griddep_launch();
     griddep_wait();
-    if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
-        const Seg sg = seg_at(seg, blockIdx.y);
-        if (sg.M == 0) return;     // a segment past the pass's, the whole block (cluster) before any barrier
-        xc += sg.lo * ldx;
-        z += sg.lo * ldz;
-        b += sg.lo * ldb;
-        a += sg.lo * lda;
-        y += sg.lo * ldy;
-        M = sg.M;
-        S_ring = (float*)sg.p0;
-        ctrl = sg.ctrl;
-        nslots = sg.nslots;
-        mode = sg.mode;
-    }
+    // a segment past the pass's returns, the whole block (cluster) before any barrier
+    if (!recur_segment(seg, xc, ldx, z, ldz, b, ldb, a, lda, y, ldy, M, S_ring, ctrl, nslots, mode)) return;
     cluster_arrive_relaxed();                 // every block of the cluster has started: paired below
     const unsigned rank = cluster_rank();
     const int h = (int)cluster_id_x(), kh = h / (nv / nk);

@@ -131,7 +131,8 @@ class BatchEngine:
     # ---- one pass over many slots -------------------------------------------------------------
     def forward(self, calls: dict) -> dict:
         """calls: {slot: (kind, pos, tokens)}, kind "step" | "verify_checkpointed" |
-        "verify_cached", pos the slot's cursor, 1 <= len(tokens) <= mmax (strict: == mmax).
+        "verify_cached", pos the slot's cursor, 1 <= len(tokens) <= mmax (strict: == mmax, but a
+        "step" of one token is taken on any engine, as Engine.step takes it).
         One pass of the main model -> {slot: Step(hidden [M, D], logits [M, V])}."""
         if not isinstance(calls, dict) or not calls:
             raise KestrelError(f"forward: takes a non-empty dict {{slot: (kind, pos, tokens)}}, got {calls!r:.60}")
@@ -142,7 +143,11 @@ class BatchEngine:
                                    f"got {call!r:.60}")
             kind, pos, tokens = call
             eng = self._engines[s]
-            pos, toks = eng._batch(pos, tokens, f"forward (slot {s}, {kind})")    # no state touched
+            what = f"forward (slot {s}, {kind})"
+            if kind == "step" and isinstance(tokens, (list, tuple)) and len(tokens) == 1:
+                pos, toks = eng._one_row(pos, tokens, what)          # as Engine.step: any batch mode
+            else:
+                pos, toks = eng._batch(pos, tokens, what)             # no state touched
             plan.append((s, kind, pos, toks))
         outs = self.model.forward_batch([(self._engines[s].state, toks, pos, KINDS[kind][0])
                                          for s, kind, pos, toks in plan], self.room)

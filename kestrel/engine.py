@@ -177,14 +177,19 @@ class Engine:
 
     def step(self, pos, token) -> Step:
         """M=1: consume `token` at position `pos` (== cursor). Step(hidden [D], logits [V])."""
-        toks = self._tokens(token, "step")
-        if len(toks) != 1:
-            raise TokenError(f"step: takes exactly one token, got {len(toks)} (use step_m for a batch)")
-        self._no_pending("step")
-        pos = self._check_pos(pos, 1, self._cursor, "step")
+        pos, toks = self._one_row(pos, token, "step")
         h, lg = self.model.forward(toks, pos, self.state)
         self._advance(1)
         return Step(h[0], lg[0])
+
+    def _one_row(self, pos, token, what: str) -> tuple:
+        """Validate a one-row call at `pos` (a token, no pending verify, contiguity) -> (pos, [token]).
+        One row is a plain step whatever the batch mode: a strict engine takes it too."""
+        toks = self._tokens(token, what)
+        if len(toks) != 1:
+            raise TokenError(f"{what}: takes exactly one token, got {len(toks)} (use step_m for a batch)")
+        self._no_pending(what)
+        return self._check_pos(pos, 1, self._cursor, what), toks
 
     def _batch(self, pos, tokens, what: str) -> tuple:
         """Validate an M-row call at `pos` (tokens, width, no pending verify, contiguity) -> (pos, tokens)."""

@@ -364,6 +364,34 @@ def test_prepare_makes_every_plan_a_decode_needs(tiny, policy, rng):
     assert set(plans or ()) == keys            # no batched plan made while decoding
 
 
+@pytest.mark.parametrize("policy", ["replay", "flex-replay", "input-cache"])
+def test_a_batch_runs_its_replays_together(tiny_cpu, policy, rng, monkeypatch):
+    """The model passes a round's undo needs (the replays after a rollback; under the article's
+    pairing the step of a round that accepts nothing) go through the batch's shared passes
+    (run_together): no sequence runs a pass of its own after its prompt, and the streams and
+    each sequence's rounds stay those of the sequence alone."""
+    from kestrel import speculative as spec
+    n, k = int(rng.integers(2, 5)), int(rng.integers(2, 4))
+    T = int(rng.integers(8, 20))
+    prompts = [_prompt(rng, tiny_cpu, 3, 12) for _ in range(n)]
+    refs = [kestrel.generate(tiny_cpu, p, T) for p in prompts]
+    seqs = [[int(x) for x in rng.integers(0, k + 1, 12)] for _ in prompts]
+    own = []
+    real = tiny_cpu.forward
+    monkeypatch.setattr(tiny_cpu, "forward", lambda *a, **kw: own.append(len(a[0])) or real(*a, **kw))
+    r = spec.batch_spec(tiny_cpu, prompts, T, k=k, policy=policy, drafter="replay", references=refs,
+                        schedules=[spec.Schedule(seq=list(q), pairing="article") for q in seqs])
+    monkeypatch.undo()
+    assert r.bit_exact
+    tails = sum(run.tail_tokens for run in r.runs)   # a strict policy's plain tail: per slot, said so
+    assert sorted(own) == sorted([len(p) for p in prompts] + [1] * tails)   # the prefills, the tails
+    for p, ref, q, got in zip(prompts, refs, seqs, r.runs):
+        alone = spec.run_spec(tiny_cpu, p, T, k=k, policy=policy, drafter="replay", reference=ref, greedy=False,
+                              schedule=spec.Schedule(seq=list(q), pairing="article"))
+        assert [(x.k, x.n_ok) for x in got.rounds] == [(x.k, x.n_ok) for x in alone.rounds]
+    assert sum(x.n_ok < x.k for run in r.runs for x in run.rounds) > 0     # there were undos to run
+
+
 def test_batch_drivers_refuse_bad_arguments(tiny):
     from kestrel import speculative as spec
     with pytest.raises(spec.SpecArgumentError, match="non-empty list"):

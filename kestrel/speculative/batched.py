@@ -16,12 +16,16 @@ free slot when one leaves (continuous batching in its simplest form).
 
 The draft chains are batched too: each sequence's drafter records its chain (a _DeferredDrafts
 stands in for its engine), and the batch runs every chain in lockstep, row j of all of them in
-one pass of the MTP head (BatchEngine.run_drafts), before the shared verify. Still run per slot,
-not shared across the batch: the replay policies' re-run of accepted rows after a rollback, the
-one step that consumes a_p when nothing was accepted (only the article's pairing has such
-rounds), the rows mtp_fill writes, and a strict policy's plain tail. The input cache's folds
-are shared: each sequence books its fold when it ends its round, and the batch runs them all in
-one pass (BatchEngine.fold_states) before the next round reads any state. Per-round times in a sequence's records include the other sequences' work in the shared
+one pass of the MTP head (BatchEngine.run_drafts), before the shared verify. So are the model
+passes a round's undo needs: the replay policies' re-run of accepted rows after a rollback and
+the one step that consumes a_p when nothing was accepted (only the article's pairing has such
+rounds). Each sequence's end of round is a generator (SpecRun.end_round_steps) that yields
+those passes, and the batch runs the passes every sequence asks for in one turn as one pass
+(run_together): the strict replay's M = 1 rows one turn a row, as the article replays them.
+The input cache's folds are shared: each sequence books its fold when it ends its round, and
+the batch runs them all in one pass (BatchEngine.fold_states) before the next round reads any
+state. Still per slot: the rows mtp_fill writes and a strict policy's plain tail. Per-round
+times in a sequence's records include the other sequences' work in the shared
 pass; the batch's own clock (BatchResult.ms) is the one to read.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ import numpy as np
 
 from .. import inputs
 from ..batch import BatchEngine
+from ..engine import Step
 from ..model import Model
 from .baseline import check_length, check_tokens
 from .driver import validate_run
@@ -128,6 +133,30 @@ def batch_greedy(model: Model, prompts, T: int, slots: int | None = None, engine
                 running[slot] = (running[slot][0], int(t))
     ms = clock.elapsed_ms(t0, clock.now())
     return BatchResult("greedy", be.slots, T, streams, ms, passes)
+
+
+def run_together(be: BatchEngine, steps: dict) -> int:
+    """Drive several sequences' end_round_steps (or finalise_steps) generators, {slot: generator},
+    in lockstep: each turn, the model passes every sequence asks for (a replay's rows, the step
+    of a round that accepted nothing) run as one BatchEngine.forward, and each gets its own
+    Step back, bit-identical to the call made alone. -> the passes run."""
+    def advance(slot, sent=None):
+        try:
+            asks[slot] = steps[slot].send(sent)
+        except StopIteration:
+            pass
+    asks, passes = {}, 0
+    for slot in steps:
+        advance(slot)
+    while asks:
+        turn, asks = asks, {}
+        out = be.forward({slot: ("step", pos, [int(t)] if kind == "step" else list(t))
+                          for slot, (kind, pos, t) in turn.items()})
+        passes += 1
+        for slot, (kind, _, _) in turn.items():
+            s = out[slot]
+            advance(slot, Step(s.hidden[0], s.logits[0]) if kind == "step" else s)
+    return passes
 
 
 class _DeferredDrafts:
@@ -263,12 +292,13 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
             passes += 1
             order = list(rounds)
             ids = _argmax_read(clock, [out[s].logits for s in order])
-            lo = 0
+            lo, ends = 0, {}
             for slot in order:
                 r, m = rounds[slot], len(out[slot].logits)
                 r.lap("verify")
-                running[slot][1].end_round(r, out[slot], [int(x) for x in ids[lo:lo + m]])
+                ends[slot] = running[slot][1].end_round_steps(r, out[slot], [int(x) for x in ids[lo:lo + m]])
                 lo += m
+            passes += run_together(be, ends)    # every sequence's replays and plain steps, a pass a turn
             be.fold_states(folds)               # the input-cache folds of every sequence, one pass
             folds.clear()
         for slot in [s for s, (_, run) in running.items() if len(run.stream) >= run.T]:

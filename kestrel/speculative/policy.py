@@ -56,7 +56,16 @@ class Policy:
 
     def finalise(self, eng, s, p: int, consumed: list, n_ok: int, k: int, lap) -> Finalised:
         """Leave the engine having consumed exactly `consumed` after position p. s: the verify's
-        Step; lap(phase) closes a timed phase ('undo', 'replay')."""
+        Step; lap(phase) closes a timed phase ('undo', 'replay'). Runs finalise_steps, each
+        model pass it asks for made on `eng` at once."""
+        return run_steps(self.finalise_steps(eng, s, p, consumed, n_ok, k, lap), eng)
+
+    def finalise_steps(self, eng, s, p: int, consumed: list, n_ok: int, k: int, lap):
+        """finalise as a generator: every model pass it needs (a replay, the step of a round that
+        accepts nothing) is yielded as a request, ("step", pos, token) for one row (its Step is
+        hidden [D], logits [V], as Engine.step's) or ("step_m", pos, tokens), and the Step is
+        sent back; it returns the Finalised. A batch of sequences (speculative/batched.py) runs
+        every sequence's requests of one turn in one pass; alone, run_steps makes each at once."""
         raise NotImplementedError
 
     # ---- the cost model ------------------------------------------------------------------------
@@ -95,12 +104,23 @@ class Policy:
         raise SpecArgumentError(f"unknown policy {x!r}; known: {tuple(POLICIES)}")
 
 
-def _accepted_rows(eng, s, p, consumed, n_ok, lap) -> Finalised:
+def run_steps(steps, eng):
+    """Drive a finalise_steps generator on one Engine: each request made now -> its return value."""
+    try:
+        req = next(steps)
+        while True:
+            kind, pos, tokens = req
+            req = steps.send(eng.step(pos, tokens) if kind == "step" else eng.step_m(pos, tokens))
+    except StopIteration as done:
+        return done.value
+
+
+def _accepted_rows(s, p, consumed, n_ok, lap):
     """After an undo that kept the verify's first n_ok rows: those rows, or, with n_ok == 0,
-    the one M=1 step that consumes a_p."""
+    the one M=1 step that consumes a_p (a generator, as finalise_steps)."""
     if n_ok >= 1:
         return Finalised(s.hidden[:n_ok], s.logits[n_ok - 1], verify_row=n_ok - 1)
-    s1 = eng.step(p + 1, consumed[0])
+    s1 = yield ("step", p + 1, consumed[0])
     lap("replay")
     return Finalised(s1.hidden.reshape(1, -1), s1.logits)
 
@@ -120,19 +140,22 @@ class _MarkRollback(Policy):
     def verify(self, eng, pos, drafts):
         return eng.step_m(pos, drafts)
 
-    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+    def finalise_steps(self, eng, s, p, consumed, n_ok, k, lap):
         if n_ok == k:
             return _keep(s, k)
         eng.rollback()
         lap("undo")
-        hid, lg, lgs = self.replay(eng, p, consumed, n_ok)
+        hid, lg, lgs = yield from self.replay(eng.model.be.xp, p, consumed, n_ok)
         lap("replay")
         return Finalised(hid, lg, rolled_back=True, replayed_logits=lgs)
 
-    def replay(self, eng, p, consumed, n_ok):
-        """Consume `consumed` again after the rollback: -> (hiddens, last logits, each row's logits)."""
-        outs = [eng.step(p + 1 + j, t) for j, t in enumerate(consumed)]          # M=1, row by row
-        return eng.model.be.xp.stack([o.hidden for o in outs]), outs[-1].logits, [o.logits for o in outs]
+    def replay(self, xp, p, consumed, n_ok):
+        """Consume `consumed` again after the rollback (a generator of step requests): -> (hiddens,
+        last logits, each row's logits)."""
+        outs = []
+        for j, t in enumerate(consumed):                                          # M=1, row by row
+            outs.append((yield ("step", p + 1 + j, t)))
+        return xp.stack([o.hidden for o in outs]), outs[-1].logits, [o.logits for o in outs]
 
     def logits_are_a_verify_row(self, k, n):
         return n == k                   # all accepted: no rollback, the verify's rows are kept
@@ -169,10 +192,10 @@ class FlexReplayPolicy(_MarkRollback):
     name, batch = "flex-replay", "flex"
     doc = "rollback + one batched replay of the n_ok accepted rows (flex batch)"
 
-    def replay(self, eng, p, consumed, n_ok):
+    def replay(self, xp, p, consumed, n_ok):
         if n_ok == 0:
-            return super().replay(eng, p, consumed, n_ok)
-        s2 = eng.step_m(p + 1, consumed)                                          # one batch of n_ok rows
+            return (yield from super().replay(xp, p, consumed, n_ok))
+        s2 = yield ("step_m", p + 1, consumed)                                    # one batch of n_ok rows
         return s2.hidden, s2.logits[n_ok - 1], [s2.logits[j] for j in range(n_ok)]
 
     def replay_cost(self, u, n):
@@ -189,10 +212,10 @@ class CheckpointPolicy(Policy):
     def verify(self, eng, pos, drafts):
         return eng.verify_checkpointed(pos, drafts)
 
-    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+    def finalise_steps(self, eng, s, p, consumed, n_ok, k, lap):
         eng.select_checkpoint(n_ok)                 # slot n_ok (0: the untouched original)
         lap("undo")
-        return _accepted_rows(eng, s, p, consumed, n_ok, lap)
+        return (yield from _accepted_rows(s, p, consumed, n_ok, lap))
 
     def logits_are_a_verify_row(self, k, n):
         return n >= 1                   # n = 0 takes one more step for a_p
@@ -219,10 +242,10 @@ class InputCachePolicy(Policy):
     def verify(self, eng, pos, drafts):
         return eng.verify_cached(pos, drafts)
 
-    def finalise(self, eng, s, p, consumed, n_ok, k, lap):
+    def finalise_steps(self, eng, s, p, consumed, n_ok, k, lap):
         eng.fold_cached(n_ok)                       # n_ok == 0: nothing to fold
         lap("undo")
-        return _accepted_rows(eng, s, p, consumed, n_ok, lap)
+        return (yield from _accepted_rows(s, p, consumed, n_ok, lap))
 
     def priced_by(self, u):
         return bool(u.cached) and bool(u.fold)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .drafters import Drafter, RoundCtx, draft_tokens
 from .errors import InvariantError
-from .policy import Policy
+from .policy import Policy, run_steps
 from .records import RoundRecord
 
 TAILS = ("plain", "shrink")
@@ -152,6 +152,11 @@ class SpecRun:
         """Steps 3-7 given the verify's Step s: accept, emit, finalise, sync, the next anchor.
         rows: the verify rows' argmax as ints, where the caller has read them already (a batch
         reads every sequence's in one copy)."""
+        run_steps(self.end_round_steps(r, s, rows), self.eng)
+
+    def end_round_steps(self, r: "RoundInFlight", s, rows: list | None = None):
+        """end_round as a generator: the model passes the policy's finalise needs are yielded
+        (Policy.finalise_steps), so that a batch runs every sequence's in one pass."""
         be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
         p, k, drafts, lap, ev, names, mcur = r.p, r.k, r.drafts, r.lap, r.ev, r.names, r.mcur
         if rows is None:
@@ -167,7 +172,10 @@ class SpecRun:
         emitted = self.emitted(consumed, self_token)
         lap("bookkeeping")
 
-        fin = policy.finalise(eng, s, p, consumed, n_ok, k, lap)
+        if type(policy).finalise is not Policy.finalise:     # a policy that writes finalise itself
+            fin = policy.finalise(eng, s, p, consumed, n_ok, k, lap)
+        else:
+            fin = yield from policy.finalise_steps(eng, s, p, consumed, n_ok, k, lap)
         if self.check_rows and fin.replayed_logits is not None and n_ok >= 1:
             self._check_rows(s, fin.hidden, fin.replayed_logits, n_ok)
 
