@@ -343,6 +343,8 @@ def test_prepare_makes_every_plan_a_decode_needs(tiny, policy, rng):
     before = be.snapshot_state()
     with pytest.raises(kestrel.KestrelError, match="kinds"):
         be.prepare("step")
+    plans = getattr(tiny.be, "_batch_plans", {}).get(tiny)
+    earlier = set(plans or ())               # other tests' plans, some used once only (no graph yet)
     made = be.prepare((spec.verify_kind(policy),), drafts=True)
     after = be.snapshot_state()
     for i in range(be.slots):
@@ -353,7 +355,7 @@ def test_prepare_makes_every_plan_a_decode_needs(tiny, policy, rng):
     if tiny.be.name == "cpu":
         assert made == 0
     else:
-        assert made > 0 and all(pl.graph is not None for pl in plans.values())
+        assert made > 0 and all(pl.graph is not None for key, pl in plans.items() if key not in earlier)
     for s in list(be.active):
         be.leave(s)
     keys = set(plans or ())
@@ -361,7 +363,7 @@ def test_prepare_makes_every_plan_a_decode_needs(tiny, policy, rng):
     r = spec.batch_spec(tiny, prompts, T, k=k, policy=policy, drafter="replay", engine=be, schedules=sched,
                         references=refs)
     assert r.bit_exact
-    assert set(plans or ()) == keys            # no batched plan made while decoding
+    assert not set(plans or ()) - keys         # no batched plan made while decoding
 
 
 @pytest.mark.parametrize("policy", ["replay", "flex-replay", "input-cache"])
