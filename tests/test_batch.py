@@ -405,6 +405,8 @@ def test_batch_drivers_refuse_bad_arguments(tiny):
                         references=[[0] * 4, [0] * 4])
     with pytest.raises(kestrel.TokenError):
         spec.batch_spec(tiny, [[1, 2], [3, 999]], 4, k=2)
+    with pytest.raises(spec.SpecArgumentError, match="k='auto'"):      # not silently k = k_max
+        spec.batch_spec(tiny, [[1, 2], [3, 4]], 4, k="auto", policy="checkpoint")
 
 
 def test_batch_spec_mixed_policies_and_k(tiny, rng):

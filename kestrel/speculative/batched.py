@@ -243,6 +243,11 @@ def batch_spec(model: Model, prompts, T: int, k: int = 3, policy="checkpoint", d
             per[name] = [v] * n
     args = [validate_run(model, p, T, per["k"][i], per["policy"][i], per["drafter"][i], schedule=per["schedules"][i],
                          reference=per["references"][i]) for i, p in enumerate(prompts)]
+    if any(a.auto for a in args):
+        # KChooser prices a round from one sequence's unit costs; in a batch a verify's rows share
+        # a pass whose cost depends on every other sequence's rows, which those costs do not see
+        raise SpecArgumentError("batch_spec takes an int k (one for all, or one per prompt): k='auto' chooses "
+                                "each round's k from one sequence's unit costs, which do not price a shared pass")
     a0 = args[0]
     modes = {a.policy.batch for a in args}
     if "strict" in modes and len({(a.policy.name, a.k) for a in args}) > 1:
