@@ -230,9 +230,10 @@ class Engine:
         return pos, m, inputs.count(n, f"{what}: n", 0, m, "the pending verify's rows", BatchWidthError)
 
     def fold_cached(self, n):
-        """Keep the first n rows of the pending cached verify (0 <= n <= M): the GDN layers run
-        the n rows' cached inputs into the live state in place (the same arithmetic as n plain
-        steps, so the state is bit-identical to theirs); attention cursors move to pos+n."""
+        """Keep the first n rows of the pending cached verify (0 <= n <= M): the GDN
+        layers run the n rows' cached inputs into the live state in place (the same
+        arithmetic as n plain steps, so the state is bit-identical to theirs); attention
+        cursors move to pos+n."""
         pos, m, n = self._accept("cached", n, "fold_cached")
         if n:
             self.model.fold(n, self.state)
@@ -246,9 +247,9 @@ class Engine:
         self._advance(n)
 
     def select_checkpoint(self, n):
-        """Keep the first n rows of the pending checkpointed verify (0 <= n <= M): the live GDN
-        slot becomes row n-1's slot (n == 0: the untouched original); attention cursors move
-        to pos+n. No copy, no replay."""
+        """Keep the first n rows of the pending checkpointed verify (0 <= n <= M): the
+        live GDN slot becomes row n-1's slot (n == 0: the untouched original); attention
+        cursors move to pos+n. No copy, no replay."""
         pos, m, n = self._accept("checkpointed", n, "select_checkpoint")
         self.state.slot = (self.slot + n) % self.nslots
         self.pending = None

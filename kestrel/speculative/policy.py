@@ -213,7 +213,7 @@ class CheckpointPolicy(Policy):
         return eng.verify_checkpointed(pos, drafts)
 
     def finalise_steps(self, eng, s, p, consumed, n_ok, k, lap):
-        eng.select_checkpoint(n_ok)                 # slot n_ok (0: the untouched original)
+        eng.select_checkpoint(n_ok)          # slot n_ok (0: the untouched original)
         lap("undo")
         return (yield from _accepted_rows(s, p, consumed, n_ok, lap))
 

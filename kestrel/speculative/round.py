@@ -155,13 +155,14 @@ class SpecRun:
         run_steps(self.end_round_steps(r, s, rows), self.eng)
 
     def end_round_steps(self, r: "RoundInFlight", s, rows: list | None = None):
-        """end_round as a generator: the model passes the policy's finalise needs are yielded
-        (Policy.finalise_steps), so that a batch runs every sequence's in one pass."""
+        """end_round as a generator: the model passes the policy's finalise needs
+        are yielded (Policy.finalise_steps), so that a batch runs every sequence's
+        in one pass."""
         be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
-        p, k, drafts, lap, ev, names, mcur = r.p, r.k, r.drafts, r.lap, r.ev, r.names, r.mcur
+        p, k, drafts, lap, mcur = r.p, r.k, r.drafts, r.lap, r.mcur
         if rows is None:
             rows = [int(x) for x in be.to_numpy(be.argmax(s.logits)).reshape(-1)]
-        drafts = draft_tokens(drafts)        # still on the device until now: read after the same wait
+        drafts = draft_tokens(drafts)       # read from the device after the same wait
         n_ok = 1 if ctx.a_p == drafts[0] else 0
         while n_ok >= 1 and n_ok < k and rows[n_ok - 1] == drafts[n_ok]:
             n_ok += 1
@@ -172,34 +173,41 @@ class SpecRun:
         emitted = self.emitted(consumed, self_token)
         lap("bookkeeping")
 
-        if type(policy).finalise is not Policy.finalise:     # a policy that writes finalise itself
+        if type(policy).finalise is not Policy.finalise:    # it writes finalise itself
             fin = policy.finalise(eng, s, p, consumed, n_ok, k, lap)
         else:
             fin = yield from policy.finalise_steps(eng, s, p, consumed, n_ok, k, lap)
         if self.check_rows and fin.replayed_logits is not None and n_ok >= 1:
             self._check_rows(s, fin.hidden, fin.replayed_logits, n_ok)
 
-        self.d.sync(eng, ctx, consumed, fin.hidden, rolled_back=fin.rolled_back, trusting=self.trusting)
+        self.d.sync(eng, ctx, consumed, fin.hidden, rolled_back=fin.rolled_back,
+                    trusting=self.trusting)
         lap("sync")
 
         adv = len(consumed)
         hid = fin.hidden
         self.stream.extend(emitted)
         h_prev = hid[adv - 2] if adv >= 2 else ctx.h_p
-        # a_p' is the argmax of the logits at p'; when they are a verify row, the host has it already
-        a_p = rows[fin.verify_row] if fin.verify_row is not None else int(be.argmax(fin.logits))
-        self.ctx = RoundCtx(p=p + adv, t_p=consumed[-1], h_p=hid[adv - 1], h_prev=h_prev,
-                            a_p=a_p, emitted=len(self.stream), P=ctx.P)
+        # a_p': the argmax of the logits at p' (a verify row's: already read)
+        if fin.verify_row is not None:
+            a_p = rows[fin.verify_row]
+        else:
+            a_p = int(be.argmax(fin.logits))
+        self.ctx = RoundCtx(p=p + adv, t_p=consumed[-1], h_p=hid[adv - 1],
+                            h_prev=h_prev, a_p=a_p, emitted=len(self.stream), P=ctx.P)
         self._check_invariant()
         lap("bookkeeping")
+        self._record(r, n_ok, drafts, emitted, self_token, mcur)
 
-        ms = {}
-        for name, a, b in zip(names, ev[:-1], ev[1:]):
+    def _record(self, r: "RoundInFlight", n_ok: int, drafts, emitted, self_token, mcur):
+        """The round's RoundRecord, each phase timed between its events."""
+        be, ms = self.be, {}
+        for name, a, b in zip(r.names, r.ev[:-1], r.ev[1:]):
             ms[name] = ms.get(name, 0.0) + be.elapsed_ms(a, b)
         req = self.d.schedule.requested[-1] if hasattr(self.d, "schedule") else None
-        self.records.append(RoundRecord(i=len(self.records), p=p, k=k, drafts=list(drafts), n_ok=n_ok,
-                                        emitted=emitted, self_token=self_token, mtp_cursor=mcur, ms=ms,
-                                        requested=req))
+        self.records.append(RoundRecord(i=len(self.records), p=r.p, k=r.k, drafts=list(drafts),
+                                        n_ok=n_ok, emitted=emitted, self_token=self_token,
+                                        mtp_cursor=mcur, ms=ms, requested=req))
         if self.on_round is not None:
             self.on_round(self.records[-1])
 
