@@ -30,6 +30,10 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
 TMB_SWEEP = ((1, 256, 3), (4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
              (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_ALL = tuple(sorted({*linear.TMB_SHAPES, *TMB_SWEEP}))
+# the gemv_tcg shapes a sweep compiles beside linear.TCG_SHAPES (NT, NS, P, DB)
+TCG_SWEEP = ((1, 4, 4, 0), (1, 8, 4, 0), (1, 16, 4, 0), (1, 4, 2, 1), (1, 8, 2, 1), (1, 16, 2, 1), (2, 4, 4, 1),
+             (2, 4, 4, 0), (2, 2, 8, 0), (1, 2, 4, 1))
+TCG_ALL = tuple(sorted({*linear.TCG_SHAPES, *TCG_SWEEP}))
 # gemv_tc: (RT tiles of 16 rows a warp, U k-blocks of 32 a super-chunk, ST register stages)
 TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))
 TC_VARIANT = (1, 4, 2)          # the one it ran with while it was an engine option
@@ -44,7 +48,8 @@ def tc_ksplit(K: int) -> int:
 def _defines() -> dict:
     d = L.defines("linear")
     d.update({"GEMV_VARIANTS_BF16": linear.instantiations("GEMV_BF16", (*linear.GEMV_FMA.values(), *GEMV_FMA_SWEEP)),
-              "GEMV_TMB_VARIANTS": linear.instantiations("GEMV_TMB", TMB_ALL)})
+              "GEMV_TMB_VARIANTS": linear.instantiations("GEMV_TMB", TMB_ALL),
+              "GEMV_TCG_VARIANTS": linear.instantiations("GEMV_TCG", TCG_ALL)})
     return d
 
 
@@ -87,18 +92,18 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
 
 def gemv_tiled_launch(kind: str, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store",
                       half: int = 0, shape: tuple | None = None, ks: int | None = None):
-    """gemv_tmb ("tmb", shape in TMB_ALL) or gemv_tmr ("tmr", shape in linear.TMR_SHAPES) with any
-    compiled shape and K split; defaults: the engine's choice."""
+    """gemv_tmb ("tmb", shape in TMB_ALL), gemv_tmr ("tmr", shape in linear.TMR_SHAPES) or gemv_tcg
+    ("tcg", shape in TCG_ALL) with any compiled shape and K split; defaults: the engine's choice."""
     T = linear.tmb_tiles(W.shape[0], epilogue, half)
     ks = ks or linear.tmb_ksplit(K, T)
     if shape is None:
-        shape = linear.tmb_shape(T, ks) if kind == "tmb" else linear.tmr_shape(T, ks)
-    compiled = TMB_ALL if kind == "tmb" else linear.TMR_SHAPES
+        shape = {"tmb": linear.tmb_shape, "tmr": linear.tmr_shape, "tcg": lambda T, ks: linear.TCG_SHAPES[0]}[kind](T, ks)
+    compiled = {"tmb": TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": TCG_ALL}[kind]
     if tuple(shape) not in compiled:
         raise ValueError(f"gemv_{kind} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = linear.EPI[epilogue]
-    name = (f"gemv_tmb_w{shape[0]}_c{shape[1]}_s{shape[2]}_e{epi}" if kind == "tmb"
-            else f"gemv_tmr_t{shape[0]}_p{shape[1]}_e{epi}")
+    name = {"tmb": "gemv_tmb_w{}_c{}_s{}", "tmr": "gemv_tmr_t{}_p{}", "tcg": "gemv_tcg_t{}_s{}_p{}_d{}"}[kind]
+    name = name.format(*shape) + f"_e{epi}"
     return linear._tiled_launch(kind, shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, fn=kernel(name))
 
 

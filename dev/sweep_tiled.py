@@ -57,7 +57,7 @@ def shapes_of(cfg) -> list:
     return out
 
 
-def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
+def sweep_shape(be, cp, linear, N, K, epi, reps, l2, kinds=("tmb", "tmr"), engine_ks_only=False) -> dict:
     rows, half, nbytes, nbuf, per_graph, rs, Ws = rotating_weights(be, cp, N, K, epi, 4 * l2, 16, 7 + K + N)
     Wts = [linear.tmb_tiled(w, K, epi, half) for w in Ws]
     x = rs.standard_normal((8, K), dtype=cp.float32)
@@ -79,9 +79,11 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
     for M in MS:
         R["fma"][str(M)] = timed(lambda i, M: linear.gemv_launch(Ws[i % nbuf], x, Y, M, K, K, N, epi, half,
                                                                  gemv="fma"), M)
-    cands = [("tmb", s) for s in dev.TMB_ALL] + [("tmr", s) for s in linear.TMR_SHAPES]
+    every = {"tmb": dev.TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": dev.TCG_ALL}
+    cands = [tuple(R["engine_tiled"][:1]) + (tuple(R["engine_tiled"][1]),)]
+    cands += [(k, s) for k in kinds for s in every[k] if (k, s) != cands[0]]
     for ks in linear.TMB_KSPLITS:
-        if ks > K // 32:
+        if ks > K // 32 or (engine_ks_only and ks != eng_ks):
             continue
         ref = None
         for kind, shape in cands:
@@ -97,6 +99,8 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
             got = cp.asnumpy(Y[:4]).tobytes()
             ref = ref or got
             r = {"kind": kind, "shape": list(shape), "ks": ks, "same_bits": got == ref}
+            if got != ref:
+                print(f"  BITS DIFFER: {kind} {shape} ks {ks} N {N} K {K} {epi}", flush=True)
             for M in MS:
                 r[f"M{M}"] = timed(lambda i, M, kind=kind, shape=shape: dev.gemv_tiled_launch(
                     kind, Ws[i % nbuf], Wts[i % nbuf], x, Y, M, K, K, N, epi, half, shape=shape, ks=ks), M)
@@ -107,34 +111,33 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2) -> dict:
 
 
 def summary(R) -> list:
+    """Per shape: fma, the engine's tiled pick, and each kind's best at the engine's K split (its
+    order), at M = 1 / 2 / 4 / 8 (µs); per preset: those summed over one step's projections (ms)."""
     lines = []
     for p in R["presets"]:
-        t_fma = {M: 0.0 for M in MS}
-        t_eng = {M: 0.0 for M in MS}
-        t_best = {M: 0.0 for M in MS}
+        tot = {}
         for s in p["shapes"]:
             u = s["uses"]
-            ok = [t for t in s["tiled"] if "error" not in t]
-            eng = [t for t in ok if t["ks"] == s["engine_ks"] and [t["kind"], t["shape"]] == s["engine_tiled"]]
-            # best per ks: the ks whose best-over-shapes time summed over MS is least at M = 1 and 4
-            by_ks = {}
-            for t in ok:
-                for M in MS:
-                    k = (t["ks"], M)
-                    by_ks[k] = min(by_ks.get(k, 1e9), t[f"M{M}"])
-            kss = sorted({t["ks"] for t in ok})
-            best_ks = min(kss, key=lambda k: by_ks[(k, 1)] + by_ks[(k, 4)])
-            lines.append(f"{p['preset']:14s} {s['label']:9s} N={s['N']:6d} K={s['K']:5d} x{u:2d}  fma M1 "
-                         f"{s['fma']['1']:6.1f}  eng(ks{s['engine_ks']}) M1 {eng[0]['M1'] if eng else float('nan'):6.1f}  "
-                         + "  ".join(f"ks{k}: " + "/".join(f"{by_ks[(k, M)]:.1f}" for M in MS) for k in kss)
-                         + f"  -> ks{best_ks}")
-            for M in MS:
-                t_fma[M] += u * s["fma"][str(M)]
-                t_eng[M] += u * (eng[0][f"M{M}"] if eng else float("nan"))
-                t_best[M] += u * by_ks[(best_ks, M)]
-        lines.append(f"{p['preset']} step projections ms, M = {MS}: fma " + "/".join(f"{t_fma[M] / 1e3:.3f}" for M in MS)
-                     + "  tmb engine " + "/".join(f"{t_eng[M] / 1e3:.3f}" for M in MS)
-                     + "  tmb best ks+shape " + "/".join(f"{t_best[M] / 1e3:.3f}" for M in MS))
+            ok = [t for t in s["tiled"] if "error" not in t and t["ks"] == s["engine_ks"]]
+            rows = {"fma": [s["fma"][str(M)] for M in MS]}
+            eng = [t for t in ok if [t["kind"], t["shape"]] == s["engine_tiled"]]
+            if eng:
+                rows["engine"] = [eng[0][f"M{M}"] for M in MS]
+            for kind in sorted({t["kind"] for t in ok}):
+                best = min((t for t in ok if t["kind"] == kind), key=lambda t: t["M1"] + t["M4"])
+                rows[f"{kind}{tuple(best['shape'])}"] = [best[f"M{M}"] for M in MS]
+                key = f"best {kind}"
+                tot[key] = [a + u * b for a, b in zip(tot.get(key, [0.0] * len(MS)), rows[f"{kind}{tuple(best['shape'])}"])]
+            best_any = [min(t[f"M{M}"] for t in ok) for M in MS] if ok else [float("nan")] * len(MS)
+            for key, v in (("fma", rows["fma"]), ("engine", rows.get("engine", [float("nan")] * len(MS))),
+                           ("best any tiled, per M", best_any)):
+                tot[key] = [a + u * b for a, b in zip(tot.get(key, [0.0] * len(MS)), v)]
+            bad = [t for t in s["tiled"] if t.get("same_bits") is False]
+            lines.append(f"{p['preset']:14s} {s['label']:9s} N={s['N']:6d} K={s['K']:5d} x{u:2d} ks{s['engine_ks']}"
+                         + ("  BITS DIFFER" if bad else "") + "  "
+                         + "  ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v) for k, v in rows.items()))
+        for k, v in tot.items():
+            lines.append(f"{p['preset']} step projections ms, M = {MS}: {k} " + "/".join(f"{x / 1e3:.3f}" for x in v))
     return lines
 
 
@@ -143,6 +146,8 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "dev" / "results"))
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--kinds", default="tmb,tmr", help="tiled kernels to sweep besides the engine's pick (tmb,tmr,tcg)")
+    ap.add_argument("--engine-ks-only", action="store_true", help="only the engine's K split (its order)")
     a = ap.parse_args()
     import cupy as cp
     from kestrel.config import PRESETS as CFG
@@ -162,7 +167,7 @@ def main():
         P = {"preset": name, "shapes": []}
         R["presets"].append(P)
         for label, N, K, epi, uses in shapes_of(CFG[name]):
-            s = sweep_shape(be, cp, linear, N, K, epi, a.reps, l2)
+            s = sweep_shape(be, cp, linear, N, K, epi, a.reps, l2, tuple(a.kinds.split(",")), a.engine_ks_only)
             s.update(label=label, uses=uses)
             P["shapes"].append(s)
             print(f"{name} {label} done ({time.time() - t0:.0f} s)", flush=True)
