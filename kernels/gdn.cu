@@ -36,6 +36,17 @@
 //             running its segment's rows on its segment's state.
 #include "common.cuh"
 
+// A segment's own state (the GDN kernels' part of a segment, common.cuh): its rows, the state
+// ring (S or the conv history: the segment's first pointer), ctrl block, ring slots and mode.
+__device__ __forceinline__ void seg_state(const Seg& sg, int& M, float* __restrict__& ring,
+                                          const int* __restrict__& ctrl, int& nslots, int& mode) {
+    M = sg.M;
+    ring = (float*)sg.p0;
+    ctrl = sg.ctrl;
+    nslots = sg.nslots;
+    mode = sg.mode;
+}
+
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     const float* __restrict__ qkv, int ldq, const float* __restrict__ w, float* __restrict__ xo, int ldx,
     float* __restrict__ hist_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,
@@ -49,11 +60,7 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
         if (sg.M == 0) return;     // a segment past the pass's (kestrel/cuda/segments.py): null state
         qkv += sg.lo * ldq;
         xo += sg.lo * ldx;
-        M = sg.M;
-        hist_ring = (float*)sg.p0;
-        ctrl = sg.ctrl;
-        nslots = sg.nslots;
-        mode = sg.mode;
+        seg_state(sg, M, hist_ring, ctrl, nslots, mode);
     }
     const int slot = ctrl[CTRL_SLOT];
     float* hin = hist_ring + (i64)(slot % nslots) * slot_stride + (i64)c * (K - 1);
@@ -143,12 +150,39 @@ __device__ __forceinline__ bool recur_segment(const i64* __restrict__ seg, const
     b += sg.lo * ldb;
     a += sg.lo * lda;
     y += sg.lo * ldy;
-    M = sg.M;
-    S_ring = (float*)sg.p0;
-    ctrl = sg.ctrl;
-    nslots = sg.nslots;
-    mode = sg.mode;
+    seg_state(sg, M, S_ring, ctrl, nslots, mode);
     return true;
+}
+
+// One pass of a thread over its elements of S (column col, k = kslice, kslice + nslice, ...) in
+// increasing k: s <- upd(s, k), returning the partial sum of s · vec[k]. The recurrence's pass A
+// and pass B differ only in upd and vec. REGS: S's elements are the thread's Sr (see below).
+template <bool REGS, int NPER, class F>
+__device__ __forceinline__ float column_pass(F upd, float* __restrict__ S, float (&Sr)[NPER],
+                                             const float* __restrict__ vec, bool act, int kslice, int nslice, int dk,
+                                             int dv, int col) {
+    float acc = 0.0f;
+    if (act) {
+        if constexpr (!REGS) {
+#pragma unroll 4
+            for (int kk = kslice; kk < dk; kk += nslice) {
+                const float s = upd(S[kk * dv + col], kk);
+                S[kk * dv + col] = s;
+                acc += s * vec[kk];
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < NPER; ++i) {
+                const int kk = kslice + i * nslice;
+                if (kk < dk) {
+                    const float s = upd(Sr[i], kk);
+                    Sr[i] = s;
+                    acc += s * vec[kk];
+                }
+            }
+        }
+    }
+    return acc;
 }
 
 // REGS = false: S in shared memory, any dk, dv the launcher accepts. REGS = true: dk = DK and
@@ -234,28 +268,7 @@ __device__ __forceinline__ void gdn_recur_body(
         const float eg = expf(decay * softplus_f(a[(i64)j * lda + h] + dtb));
         __syncthreads();
         // pass A: decay, partial (Sᵀk)[col]
-        float acc = 0.0f;
-        if (act) {
-            if constexpr (!REGS) {
-#pragma unroll 4
-                for (int kk = kslice; kk < dk; kk += nslice) {
-                    const float s = S[kk * dv + col] * eg;
-                    S[kk * dv + col] = s;
-                    acc += s * k_sh[kk];
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < NPER; ++i) {
-                    const int kk = kslice + i * nslice;
-                    if (kk < dk) {
-                        const float s = Sr[i] * eg;
-                        Sr[i] = s;
-                        acc += s * k_sh[kk];
-                    }
-                }
-            }
-        }
-        part[tid] = acc;
+        part[tid] = column_pass<REGS>([&](float s, int) { return s * eg; }, S, Sr, k_sh, act, kslice, nslice, dk, dv, col);
         __syncthreads();
         if (tid < dv) {
             float km = part[tid];
@@ -264,29 +277,9 @@ __device__ __forceinline__ void gdn_recur_body(
         }
         __syncthreads();
         // pass B: S += k ⊗ delta, partial (Sᵀq)[col]
-        acc = 0.0f;
-        if (act) {
-            const float dl = vd[col];
-            if constexpr (!REGS) {
-#pragma unroll 4
-                for (int kk = kslice; kk < dk; kk += nslice) {
-                    const float s = S[kk * dv + col] + k_sh[kk] * dl;
-                    S[kk * dv + col] = s;
-                    acc += s * q_sh[kk];
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < NPER; ++i) {
-                    const int kk = kslice + i * nslice;
-                    if (kk < dk) {
-                        const float s = Sr[i] + k_sh[kk] * dl;
-                        Sr[i] = s;
-                        acc += s * q_sh[kk];
-                    }
-                }
-            }
-        }
-        part[tid] = acc;
+        const float dl = vd[col];
+        part[tid] = column_pass<REGS>([&](float s, int kk) { return s + k_sh[kk] * dl; }, S, Sr, q_sh, act, kslice,
+                                      nslice, dk, dv, col);
         __syncthreads();
         float o = 0.0f;
         if (tid < dv) {
