@@ -30,10 +30,11 @@ GEMV_FMA_SWEEP = tuple(sorted({(mt, rr, 2, up) for mt in (1, 2, 3, 4, 8) for rr 
 TMB_SWEEP = ((1, 256, 3), (4, 256, 3), (2, 256, 3), (8, 256, 2), (4, 128, 4), (4, 128, 3), (2, 128, 4), (2, 128, 6),
              (8, 128, 3), (4, 64, 6), (2, 64, 8))
 TMB_ALL = tuple(sorted({*linear.TMB_SHAPES, *TMB_SWEEP}))
-# the gemv_tcg shapes a sweep compiles beside linear.TCG_SHAPES (NT, NS, P, DB)
+# gemv_tcg (dev/kernels/gemv_tcg.cu, not kept): (NT tiles a block, NS warps a tile, P 32-k blocks a
+# stage, DB: the next stage's loads in flight during this one's mma)
 TCG_SWEEP = ((1, 4, 4, 0), (1, 8, 4, 0), (1, 16, 4, 0), (1, 4, 2, 1), (1, 8, 2, 1), (1, 16, 2, 1), (2, 4, 4, 1),
              (2, 4, 4, 0), (2, 2, 8, 0), (1, 2, 4, 1))
-TCG_ALL = tuple(sorted({*linear.TCG_SHAPES, *TCG_SWEEP}))
+TCG_ALL = TCG_SWEEP
 # gemv_tc: (RT tiles of 16 rows a warp, U k-blocks of 32 a super-chunk, ST register stages)
 TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))
 TC_VARIANT = (1, 4, 2)          # the one it ran with while it was an engine option
@@ -60,7 +61,8 @@ def kernel(name: str):
     """A kernel of the development module (every engine kernel, the sweeps and gemv_tc), one object
     per name (nvrtc.smem remembers a kernel's shared-memory opt-in by the object)."""
     if name not in _FUNCS:
-        mod = L.source_module("linear+dev", [L.KERNEL_DIR / "linear.cu", DEV_KERNELS / "gemv_tc.cu"], _defines())
+        mod = L.source_module("linear+dev", [L.KERNEL_DIR / "linear.cu", DEV_KERNELS / "gemv_tc.cu",
+                                             DEV_KERNELS / "gemv_tcg.cu"], _defines())
         _FUNCS[name] = mod.get_function(name)
     return _FUNCS[name]
 
@@ -97,14 +99,38 @@ def gemv_tiled_launch(kind: str, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: 
     T = linear.tmb_tiles(W.shape[0], epilogue, half)
     ks = ks or linear.tmb_ksplit(K, T)
     if shape is None:
-        shape = {"tmb": linear.tmb_shape, "tmr": linear.tmr_shape, "tcg": lambda T, ks: linear.TCG_SHAPES[0]}[kind](T, ks)
+        shape = {"tmb": linear.tmb_shape, "tmr": linear.tmr_shape, "tcg": lambda T, ks: TCG_ALL[0]}[kind](T, ks)
     compiled = {"tmb": TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": TCG_ALL}[kind]
     if tuple(shape) not in compiled:
         raise ValueError(f"gemv_{kind} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = linear.EPI[epilogue]
     name = {"tmb": "gemv_tmb_w{}_c{}_s{}", "tmr": "gemv_tmr_t{}_p{}", "tcg": "gemv_tcg_t{}_s{}_p{}_d{}"}[kind]
     name = name.format(*shape) + f"_e{epi}"
+    if kind == "tcg":
+        return _tcg_launch(shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, kernel(name))
     return linear._tiled_launch(kind, shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, fn=kernel(name))
+
+
+def tcg_groups(K: int, ks: int) -> int:
+    """Chain groups of one tile over its ks parts (each part's groups start at the part's start)."""
+    nkb, G = K // 32, linear.TMB_CG // 32
+    return sum(-(-((z + 1) * nkb // ks - z * nkb // ks) // G) for z in range(ks))
+
+
+def tcg_smem(nt: int, K: int, ks: int) -> int:
+    """gemv_tcg's shared memory: every chain group's sum (a float4 a lane) of the block's NT tiles."""
+    return nt * tcg_groups(K, ks) * 512
+
+
+def _tcg_launch(shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half, fn):
+    """gemv_tcg: the K split is an order only (no scratch)."""
+    T = linear._tiled_checks("gemv_tcg", W, tiled, X, K, ldx, epilogue, half, ks)
+    nt, ns, _, _ = shape
+    nout = half if epilogue == "swiglu" else W.shape[0]
+    sm = L.smem(fn, tcg_smem(nt, K, ks), "gemv_tcg")
+    args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
+            L.i32(ks))
+    return fn, (L.cdiv(T, nt) * L.cdiv(M, 8), 1, 1), (32 * nt * ns,), args, sm
 
 
 def gemv_fma_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,

@@ -59,10 +59,6 @@ TMB_FILL = 0.8                 # tmb_shape: the least share of every wave's bloc
 # same tiled weights, K split and order as gemv_tmb, so the same bits: "tmb" picks one of the two
 # kernels per matrix (tmb_kernel), which changes only the speed.
 TMR_SHAPES = ((8, 8), (4, 8), (2, 8), (8, 4), (4, 4), (2, 4), (1, 8))
-# gemv_tcg: (NT tiles a block, NS warps a tile, P 32-k blocks a stage, DB: the next stage's loads in
-# flight during this one's mma). The same tiled weights and order again: a tile's chain groups are
-# spread over its NS warps and folded in order in the block, so the K split costs no launch.
-TCG_SHAPES = ((1, 4, 4, 1), (1, 8, 4, 1), (1, 4, 8, 0), (1, 8, 8, 0))
 
 
 def instantiations(kind: str, shapes) -> str:
@@ -74,8 +70,7 @@ CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
                 "GEMV_VARIANTS_BF16": instantiations("GEMV_BF16", GEMV_FMA.values()),
                 "GEMV_VARIANTS_F32": instantiations("GEMV_F32", GEMV_FMA.values()),
                 "GEMV_TMB_VARIANTS": instantiations("GEMV_TMB", TMB_SHAPES),
-                "GEMV_TMR_VARIANTS": instantiations("GEMV_TMR", TMR_SHAPES),
-                "GEMV_TCG_VARIANTS": instantiations("GEMV_TCG", TCG_SHAPES)}
+                "GEMV_TMR_VARIANTS": instantiations("GEMV_TMR", TMR_SHAPES)}
 L.register("linear", CUDA_DEFINES)
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
@@ -160,17 +155,6 @@ def tmb_smem(nw: int, kc: int, st: int) -> int:
     return st * (nw * 32 * kc + 8 * (4 * kc + 16)) + kc // 32 * 1536
 
 
-def tcg_groups(K: int, ks: int) -> int:
-    """Chain groups of one tile over its ks parts (each part's groups start at the part's start)."""
-    nkb, G = K // 32, TMB_CG // 32
-    return sum(-(-((z + 1) * nkb // ks - z * nkb // ks) // G) for z in range(ks))
-
-
-def tcg_smem(nt: int, K: int, ks: int) -> int:
-    """gemv_tcg's shared memory: every chain group's sum (a float4 a lane) of the block's NT tiles."""
-    return nt * tcg_groups(K, ks) * 512
-
-
 def tmb_shape(tiles: int, ks: int) -> tuple:
     """The engine's gemv_tmb shape for a matrix of `tiles` tiles split ks ways: the widest NW (x
     shared by more tiles) whose blocks fill at least TMB_FILL of the block slots of every wave, the last
@@ -223,18 +207,11 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
     and dev/ passes kernels it compiled itself (fn)."""
     name = f"gemv_{kind}"
     T = _tiled_checks(name, W, tiled, X, K, ldx, epilogue, half, ks)
-    compiled = {"tmb": TMB_SHAPES, "tmr": TMR_SHAPES, "tcg": TCG_SHAPES}[kind]
+    compiled = TMB_SHAPES if kind == "tmb" else TMR_SHAPES
     if fn is None and tuple(shape) not in compiled:
         raise ValueError(f"{name} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = EPI[epilogue]
     nout = half if epi == 2 else W.shape[0]
-    if kind == "tcg":           # the K split is an order only: no scratch
-        nt, ns, p, db = shape
-        fn = fn or L.kernel("linear", f"gemv_tcg_t{nt}_s{ns}_p{p}_d{db}_e{epi}")
-        sm = L.smem(fn, tcg_smem(nt, K, ks), name)
-        args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
-                L.i32(ks))
-        return fn, (L.cdiv(T, nt) * L.cdiv(M, 8), 1, 1), (32 * nt * ns,), args, sm
     if kind == "tmb":
         nw, kc, st = shape
         fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")

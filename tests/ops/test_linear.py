@@ -316,8 +316,7 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
     tiled = linear.tmb_tiled(w, 64)
     with pytest.raises(ValueError, match="tiled"):
         linear.gemv_launch(w, X, y, 2, 64, 64, 40, gemv="tmb")
-    for kind, good_shape, bad_shape in (("tmb", linear.TMB_SHAPES[0], (7, 256, 2)), ("tmr", linear.TMR_SHAPES[0], (3, 8)),
-                                        ("tcg", linear.TCG_SHAPES[0], (3, 3, 3, 3))):
+    for kind, good_shape, bad_shape in (("tmb", linear.TMB_SHAPES[0], (7, 256, 2)), ("tmr", linear.TMR_SHAPES[0], (3, 8))):
         name = f"gemv_{kind}"
         with pytest.raises(ValueError, match=f"{name}: tiled weights"):
             linear._tiled_launch(kind, good_shape, 1, w, linear.tmb_tiled(w[:16], 64), X, y, 2, 64, 64, 40)
@@ -331,11 +330,11 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
 @pytest.mark.usefixtures("poison")
 @needs_gpu
 def test_gemv_tmb_shapes(be, rng, ks):
-    """Every compiled shape of the three tiled kernels (gemv_tmb, gemv_tmr, gemv_tcg), every
-    epilogue, N not a multiple of a tile, K not of a stage or a chain group, 1-8, 11 and 15 rows: vs
-    float64, rows independent of M, the same bits for every shape of all three (NW, KC, ST, T, P, NT,
-    NS and DB do not enter a row's order; dev/test_gemv_variants.py adds the swept shapes, KC = 64
-    and 128 among them), and the K-split counts back at zero after each launch."""
+    """Every compiled gemv_tmb shape and every gemv_tmr shape, every epilogue, N not a multiple of
+    a tile, K not of a stage or a chain group, 1-8, 11 and 15 rows: vs float64, rows independent of
+    M, the same bits for every shape of both kernels (NW, KC, ST, T and P do not enter a row's
+    order; dev/test_gemv_variants.py adds the swept shapes, KC = 64 and 128 among them, and
+    dev/kernels/gemv_tcg.cu), and the K-split counts back at zero after each launch."""
     import cupy as cp
     I, K, R = 45, 1056, 15
     w, w_host = _weight(be, rng, 2 * I, K, "bf16")
@@ -346,8 +345,7 @@ def test_gemv_tmb_shapes(be, rng, ks):
                                        ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
         tiled = linear.tmb_tiled(w, K, epi, half)
         first = None
-        for kind, shape in ([("tmb", s) for s in linear.TMB_SHAPES] + [("tmr", s) for s in linear.TMR_SHAPES]
-                            + [("tcg", s) for s in linear.TCG_SHAPES]):
+        for kind, shape in [("tmb", s) for s in linear.TMB_SHAPES] + [("tmr", s) for s in linear.TMR_SHAPES]:
             def launcher(*a):
                 return linear._tiled_launch(kind, shape, ks, a[0], tiled, *a[1:])
             alone = [_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
