@@ -24,6 +24,13 @@ misprice one k against another: on a CPU it made k = 3 look cheaper than it was)
 prediction is scaled by its own average once a round of it has been measured, else by the
 drafted rounds' one.
 
+Exploring. A k's own scale exists only once a round of it has been timed, so a k next to the one
+the run settles on would be priced with the other k's scale for ever, and the model can misprice
+one k against the next by more than their difference (on a 2-core CPU the tiny model's k = 3
+rounds ran 1.09x their prediction and its k = 2 rounds 1.03x, which made k = 3 look best while
+k = 2 was 5 % faster). So once the best k has been timed, a drafted round takes, once, a
+neighbouring k that has never been timed when it is predicted within EXPLORE of the best.
+
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
 updates the estimate); a probe after which a plain step still wins doubles the gap (up to
@@ -53,13 +60,14 @@ PRIOR = 0.5             # the rate assumed for a depth before any round reached 
 PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
 CLIMB_AFTER = 8         # drafted rounds after a depth was last judged before all-accepted rounds climb to it
+EXPLORE = 0.10          # a k next to the best one, never timed, is tried once if predicted within this much
 
 
 @dataclass
 class Choice:
     """One decision: the k taken, why, and the predicted ms per token of each k (0: a plain step)."""
     k: int
-    reason: str                 # "best" | "probe" | "cannot pay"
+    reason: str                 # "best" | "probe" | "explore" | "cannot pay"
     predicted: dict             # k -> predicted ms per token
     alphas: tuple               # the estimate it was made with
 
@@ -130,6 +138,11 @@ class KChooser:
                 k = last            # estimate noise would flip between near-equal k
             if k == 0 and self.plain_run >= self.gap:
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
+            elif k > 0 and self.time_scaled and k in self.kscale:
+                near = [j for j in (k - 1, k + 1) if j in ks and j not in self.kscale
+                        and pred[j] <= pred[k] * (1.0 + EXPLORE)]
+                if near:
+                    k, why = min(near, key=lambda j: pred[j]), "explore"
         self.trace.append(Choice(k, why, pred, tuple(self.alphas)))     # pred is shared until it changes
         return k
 
