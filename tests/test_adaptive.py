@@ -77,6 +77,22 @@ def test_launch_bound_costs_never_draft(units):
     assert {x.reason for x in c.trace} == {"cannot pay"}
 
 
+def test_a_best_case_inside_the_margin_never_drafts(units):
+    """Perfect drafts that would cost about 0.85 of a step a token (the tiny model on a GPU) are
+    inside the unit costs' own error: the run never drafts, not even a probe; the same costs with a
+    cheaper verify, well outside the margin, do draft."""
+    from kestrel.speculative.adaptive import PAY_MARGIN
+    near = KChooser(_units(units, step=1.0, verify_per_row=0.45, draft=0.35), "checkpoint", "trained", 4)
+    assert PAY_MARGIN * near.step_ms < near.best_case < near.step_ms, (near.best_case, near.step_ms)
+    assert not near.can_pay
+    for _ in range(50):
+        assert near.choose(100) == 0
+        near.observe_plain()
+    assert {x.reason for x in near.trace} == {"cannot pay"}
+    far = KChooser(_units(units, step=1.0, verify_per_row=0.1, draft=0.2), "checkpoint", "trained", 4)
+    assert far.best_case < PAY_MARGIN * far.step_ms and far.can_pay and far.choose(100) > 0
+
+
 def test_bandwidth_bound_costs_follow_the_acceptance(units):
     """A verify of 4 rows costing 1.05 steps and a cheap draft (27B on an H200): good drafts take
     the largest k; useless ones a plain step, probed at doubling gaps up to PROBE_GAP_MAX; good

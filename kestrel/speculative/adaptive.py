@@ -31,6 +31,15 @@ rounds ran 1.09x their prediction and its k = 2 rounds 1.03x, which made k = 3 l
 k = 2 was 5 % faster). So once the best k has been timed, a drafted round takes, once, a
 neighbouring k that has never been timed when it is predicted within EXPLORE of the best.
 
+Whether to try at all. The unit costs time each primitive, not the host's work around them in a
+round, which on a launch-bound shape is a large share: the tiny model's rounds on an H100 and an
+H200 ran about 1.3-1.5x what the unit costs predict. Where even perfect drafts would cost more
+than PAY_MARGIN of a plain step a token (the tiny model on an H200: 0.90 by the unit costs of
+results/bench_spec.json), that error alone can turn every round into a loss, and the one round it
+takes to measure the error (a probe) cost such a run 8 % of its time. So such a run never drafts.
+Shapes where speculation does pay are far from the margin (by the same file: 0.8B 0.64, 4B 0.52,
+9B 0.47, 27B 0.39; the tiny model on a 2-core CPU about 0.4).
+
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
 updates the estimate); a probe after which a plain step still wins doubles the gap (up to
@@ -61,6 +70,7 @@ PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
 CLIMB_AFTER = 8         # drafted rounds after a depth was last judged before all-accepted rounds climb to it
 EXPLORE = 0.10          # a k next to the best one, never timed, is tried once if predicted within this much
+PAY_MARGIN = 0.8        # drafting is tried only if perfect drafts cost at most this share of a step a token
 
 
 @dataclass
@@ -107,7 +117,8 @@ class KChooser:
         self.scale = {"round": 1.0, "plain": 1.0}  # measured / predicted, moving averages
         self.kscale = {}                             # k -> measured / predicted of rounds of that k
         self.measured = {"round": 0, "plain": 0}   # rounds behind each
-        self.can_pay = self.best_case < self.step_ms     # with every draft accepted, some k beats a step
+        # with every draft accepted, some k beats a step by more than the unit costs' own error
+        self.can_pay = self.best_case < PAY_MARGIN * self.step_ms
         self.gap, self.plain_run = probe_gap, 0
         self.trace: list = []                        # one Choice a round
         self._pred = None                            # predicted() until the estimate changes
