@@ -31,14 +31,16 @@ rounds ran 1.09x their prediction and its k = 2 rounds 1.03x, which made k = 3 l
 k = 2 was 5 % faster). So once the best k has been timed, a drafted round takes, once, a
 neighbouring k that has never been timed when it is predicted within EXPLORE of the best.
 
-Whether to try at all. The unit costs time each primitive, not the host's work around them in a
-round, which on a launch-bound shape is a large share: the tiny model's rounds on an H100 and an
-H200 ran about 1.3-1.5x what the unit costs predict. Where even perfect drafts would cost more
-than PAY_MARGIN of a plain step a token (the tiny model on an H200: 0.90 by the unit costs of
-results/bench_spec.json), that error alone can turn every round into a loss, and the one round it
-takes to measure the error (a probe) cost such a run 8 % of its time. So such a run never drafts.
-Shapes where speculation does pay are far from the margin (by the same file: 0.8B 0.64, 4B 0.52,
-9B 0.47, 27B 0.39; the tiny model on a 2-core CPU about 0.4).
+Whether to try at all. On a launch-bound shape a round's measured time strays from what the unit
+costs predict by more than a round's gain: the tiny model's rounds on an H200 ran 0.95-1.14x their
+prediction in one run (results/bench_spec.json), and the same configuration (checkpoint, mtp, k = 3)
+measured 0.42 and 0.73 ms a token in runs two days apart (that file and results/bench_adaptive.md).
+Where even perfect drafts would cost more than PAY_MARGIN of a plain step a token (the tiny model on
+an H200: 0.90 by that file's unit costs), that error alone can make every round a loss, and the
+rounds it takes to find out cost an H100 run 8 % against greedy (results/bench_adaptive_h100.md,
+one probe round). So such a run never drafts. Shapes where speculation does pay are far from the
+margin (by the same unit costs: 0.8B 0.64, 4B 0.52, 9B 0.47, 27B 0.39; the tiny model on a 2-core
+CPU about 0.4).
 
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
