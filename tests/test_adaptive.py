@@ -134,10 +134,10 @@ def test_expected_advance_decides_between_k(units):
 
 
 def test_a_neighbouring_k_is_timed_once(units):
-    """The cost model mispricing k = 2 against k = 3 (their rounds run 1.03x and 1.09x their
-    predictions, as on a 2-core CPU): only timing k = 2 itself shows that it is faster. Once the
-    best k (3) has been timed, its untimed neighbour within EXPLORE is tried once ("explore"),
-    its own scale then decides, and no k is explored twice."""
+    """The cost model mispricing k = 2 against k = 3 (their rounds run 1.03x and 1.15x their
+    predictions): only timing k = 2 itself shows that it is faster. Once the best k (3) has been
+    timed, its untimed neighbours within EXPLORE are tried once each ("explore"), their own scales
+    then decide, and no k is explored twice."""
     from kestrel.speculative.adaptive import EXPLORE
     from kestrel.speculative.cost import round_cost
     u = _units(units, step=7.5, verify_per_row=0.5, draft=0.6)
@@ -145,7 +145,7 @@ def test_a_neighbouring_k_is_timed_once(units):
     c.alphas = [0.72, 0.4, 0.1]             # held: this test is about the time scales
     pred = c.predicted()
     assert min(pred, key=pred.get) == 3 and pred[2] <= pred[3] * (1 + EXPLORE)
-    scale = {2: 1.03, 3: 1.09, 4: 1.09}
+    scale = {2: 1.03, 3: 1.15, 4: 1.15}
 
     def timed(k, n_ok):
         cost = sum(round_cost(u, c.policy, c.pairing, k, n_ok).values())
@@ -159,8 +159,10 @@ def test_a_neighbouring_k_is_timed_once(units):
     for _ in range(12):
         picks.append(c.choose(100))
         timed(picks[-1], 2)
-    assert picks == [2] * 12, picks          # timed, k = 2 is the faster one
-    assert sum(ch.reason == "explore" for ch in c.trace) == 1
+    best = [ch.k for ch in c.trace[2:] if ch.reason == "best"]
+    assert best == [2] * len(best) and len(best) >= 11, picks    # timed, k = 2 is the faster one
+    explored = [ch.k for ch in c.trace if ch.reason == "explore"]
+    assert explored[0] == 2 and len(explored) == len(set(explored)), explored   # each neighbour once
 
 
 def test_auto_refusals(tiny, units):

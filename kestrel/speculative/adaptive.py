@@ -146,7 +146,7 @@ class KChooser:
         else:
             k = min([0] + ks, key=lambda j: pred[j])
             why = "best"
-            last = next((c.k for c in reversed(self.trace) if c.k > 0), None)
+            last = next((c.k for c in reversed(self.trace) if c.k > 0 and c.reason == "best"), None)
             if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
                 k = last            # estimate noise would flip between near-equal k
             if k == 0 and self.plain_run >= self.gap:
