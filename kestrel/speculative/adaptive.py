@@ -66,7 +66,7 @@ from .policy import Policy
 from .units import UnitCosts
 
 WEIGHT = 0.2            # an observation's weight in the per-depth moving average
-HYSTERESIS = 0.03       # a drafted round keeps the last k unless another is predicted this much faster
+HYSTERESIS = 0.03       # a round keeps the last k chosen as best unless another is predicted this much faster
 PRIOR = 0.5             # the rate assumed for a depth before any round reached it
 PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
