@@ -91,19 +91,16 @@ def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None =
     (both run the MTP head's weights: a cheaper head makes both cheaper); mark and rollback (the
     whole-state copies) are set as given."""
     d = u.to_dict()
+
+    def scaled(tables, f):          # each table's costs times f, its shape kept
+        for name in tables:
+            d[name] = {m: v * f for m, v in getattr(u, name).items()}
     if step is not None and u.step > 0:
-        f = step / u.step
         d["step"] = step
-        d["step_m"] = {m: v * f for m, v in u.step_m.items()}
-        d["ckpt"] = {m: v * f for m, v in u.ckpt.items()}
-        d["cached"] = {m: v * f for m, v in u.cached.items()}
-        d["fold"] = {m: v * f for m, v in u.fold.items()}
+        scaled(("step_m", "ckpt", "cached", "fold"), step / u.step)
     if draft is not None and u.draft > 0:
-        f = draft / u.draft
         d["draft"] = draft
-        d["mtp"] = {m: v * f for m, v in u.mtp.items()}
-        d["chain"] = {n: v * f for n, v in u.chain.items()}
-        d["chain_fill"] = {n: v * f for n, v in u.chain_fill.items()}
+        scaled(("mtp", "chain", "chain_fill"), draft / u.draft)
     if mark is not None:
         d["mark"] = mark
     if rollback is not None:
