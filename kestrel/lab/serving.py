@@ -102,7 +102,7 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
         raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
     rows = projection_rows(cfg, k, n, batches, contexts)
     what_t = {"memory": "memory held", "bytes": "bytes moved per round"}[what]
-    title = f"{cfg.name}, k = {k}: {what_t} (a projection, not a measurement)"
+    title = f"{cfg.name}, k = {k}: {what_t}<br><sub>a projection, not a measurement</sub>"
     if what == "memory":
         fig = make_subplots(rows=1, cols=len(contexts), horizontal_spacing=0.07,
                             subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])

@@ -204,7 +204,7 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 560)
                  hovermode="closest")
     fig.update_layout(margin=dict(t=70))
     legend_below(fig, 80, 110, left=60)              # the rotated policy names take ~100 px
-    fig.update_layout(legend=dict(entrywidth=150, entrywidthmode="pixels"))   # 4 a row: 3 rows
+    fig.update_layout(legend=dict(entrywidth=190, entrywidthmode="pixels"))   # wide enough for the longest name
     meds = [t.median_summary for t in timings]
     for ph in spec.PHASES:
         fig.add_bar(x=labels, y=[m.phase_ms_per_token.get(ph, 0.0) for m in meds], name=ph,
@@ -219,13 +219,13 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 560)
                                  arrayminus=[m.ms_per_token - s[1] for s, m in zip(sp, meds)], color="black",
                                  thickness=1.5, width=8))
     g = [t.spread(t.greedy_ms) for t in timings]
-    fig.add_scatter(x=labels, y=[x[0] for x in g], mode="markers", name="greedy, same tokens (median, range)",
+    fig.add_scatter(x=labels, y=[x[0] for x in g], mode="markers", name="greedy (median, range)",
                     marker=dict(symbol="line-ew-open", size=46, color="#333", line=dict(width=3, color="#333")),
                     error_y=dict(type="data", symmetric=False, array=[x[2] - x[0] for x in g],
                                  arrayminus=[x[0] - x[1] for x in g], color="#777", thickness=1, width=3))
     pred = [statistics.median(t.predicted_ms_per_token) if t.predicted_ms_per_token else None for t in timings]
     if any(p is not None for p in pred):
-        fig.add_scatter(x=labels, y=pred, mode="markers", name="cost model (this run's rounds)",
+        fig.add_scatter(x=labels, y=pred, mode="markers", name="cost model",
                         marker=dict(symbol="diamond-open", size=13, color="black", line=dict(width=2)))
     return fig
 
@@ -343,7 +343,7 @@ def large_figure(big: dict, *, title: str | None = None, height: int = 460):
             continue
         ys = [rs[x]["speedup"] if x in rs else None for x in scheds]
         fig.add_bar(x=scheds, y=ys, name=f"{pol} ({WAYS[pol]})", marker_color=_policy_color(pol),
-                    text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="outside", cliponaxis=False)
+                    text=[None if y is None else f"{y:.2f}×" for y in ys], textposition="auto", cliponaxis=False)
     fig.add_hline(y=1.0, line=dict(color="black", dash="dot", width=1.5), annotation_text="greedy (1×)",
                   annotation_position="top left")
     annotate_provenance(fig, short_source(big))

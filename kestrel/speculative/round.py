@@ -155,9 +155,9 @@ class SpecRun:
         run_steps(self.end_round_steps(r, s, rows), self.eng)
 
     def end_round_steps(self, r: "RoundInFlight", s, rows: list | None = None):
-        """end_round as a generator: the model passes the policy's finalise needs
-        are yielded (Policy.finalise_steps), so that a batch runs every sequence's
-        in one pass."""
+        """end_round as a generator: it yields the model passes that the policy's
+        finalise needs (Policy.finalise_steps) instead of running them, so that a
+        batch can run every sequence's passes together, in one pass each."""
         be, eng, ctx, policy = self.be, self.eng, self.ctx, self.policy
         p, k, drafts, lap, mcur = r.p, r.k, r.drafts, r.lap, r.mcur
         if rows is None:

@@ -25,15 +25,20 @@ def batch_explorer(model=None, *, device: str = "auto", B: int = 4, k: int = 3, 
 
 
 def batch_figure(rows, title: str = "tokens/s of the whole batch, by B"):
-    """Static twin: tokens/s against B for greedy and each policy in `rows` (batching.sweep's)."""
-    from ..plots import figure
-    fig = figure(title, height=360, xaxis_title="sequences B", yaxis_title="tokens/s", xaxis_type="log",
-                 legend=dict(orientation="h", y=-0.25))
+    """Static twin: tokens/s against B for greedy and each policy in `rows` (batching.sweep's),
+    each policy in its colour of every figure (plots.POLICY_COLORS), a tick at each B run."""
+    from ..plots import POLICY_COLORS, figure
+    fig = figure(title, height=380, xaxis_title="sequences B", yaxis_title="tokens/s", xaxis_type="log",
+                 legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
     modes = sorted({(r["mode"], r["k"]) for r in rows}, key=lambda m: (m[0] != "greedy", m))
     for mode, k in modes:
         pts = sorted((r for r in rows if (r["mode"], r["k"]) == (mode, k)), key=lambda r: r["B"])
         fig.add_scatter(x=[r["B"] for r in pts], y=[r["tokens_per_s"] for r in pts], mode="lines+markers",
-                        name=mode if mode == "greedy" else f"{mode}, k = {k}")
+                        name=mode if mode == "greedy" else f"{mode}, k = {k}",
+                        line=dict(color=POLICY_COLORS.get(mode, "black")))
+    Bs = sorted({r["B"] for r in rows})
+    fig.update_xaxes(tickvals=Bs, ticktext=[str(b) for b in Bs])
+    fig.update_layout(margin=dict(t=90))          # the legend's row under the title
     return fig
 
 
