@@ -204,7 +204,7 @@ def timing_figure(timings: list, *, title: str | None = None, height: int = 560)
                  hovermode="closest")
     fig.update_layout(margin=dict(t=70))
     legend_below(fig, 80, 110, left=60)              # the rotated policy names take ~100 px
-    fig.update_layout(legend=dict(entrywidth=190, entrywidthmode="pixels"))   # wide enough for the longest name
+    fig.update_layout(legend=dict(entrywidth=150, entrywidthmode="pixels"))   # 4 a row: 3 rows; names fit 150 px
     meds = [t.median_summary for t in timings]
     for ph in spec.PHASES:
         fig.add_bar(x=labels, y=[m.phase_ms_per_token.get(ph, 0.0) for m in meds], name=ph,
