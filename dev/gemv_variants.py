@@ -34,7 +34,6 @@ TMB_ALL = tuple(sorted({*linear.TMB_SHAPES, *TMB_SWEEP}))
 # stage, DB: the next stage's loads in flight during this one's mma)
 TCG_SWEEP = ((1, 4, 4, 0), (1, 8, 4, 0), (1, 16, 4, 0), (1, 4, 2, 1), (1, 8, 2, 1), (1, 16, 2, 1), (2, 4, 4, 1),
              (2, 4, 4, 0), (2, 2, 8, 0), (1, 2, 4, 1))
-TCG_ALL = TCG_SWEEP
 # gemv_tc: (RT tiles of 16 rows a warp, U k-blocks of 32 a super-chunk, ST register stages)
 TC_VARIANTS = ((1, 4, 2), (1, 4, 3), (1, 2, 4), (2, 2, 2))
 TC_VARIANT = (1, 4, 2)          # the one it ran with while it was an engine option
@@ -50,7 +49,7 @@ def _defines() -> dict:
     d = L.defines("linear")
     d.update({"GEMV_VARIANTS_BF16": linear.instantiations("GEMV_BF16", (*linear.GEMV_FMA.values(), *GEMV_FMA_SWEEP)),
               "GEMV_TMB_VARIANTS": linear.instantiations("GEMV_TMB", TMB_ALL),
-              "GEMV_TCG_VARIANTS": linear.instantiations("GEMV_TCG", TCG_ALL)})
+              "GEMV_TCG_VARIANTS": linear.instantiations("GEMV_TCG", TCG_SWEEP)})
     return d
 
 
@@ -95,12 +94,12 @@ def gemv_tc_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = 
 def gemv_tiled_launch(kind: str, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store",
                       half: int = 0, shape: tuple | None = None, ks: int | None = None):
     """gemv_tmb ("tmb", shape in TMB_ALL), gemv_tmr ("tmr", shape in linear.TMR_SHAPES) or gemv_tcg
-    ("tcg", shape in TCG_ALL) with any compiled shape and K split; defaults: the engine's choice."""
+    ("tcg", shape in TCG_SWEEP) with any compiled shape and K split; defaults: the engine's choice."""
     T = linear.tmb_tiles(W.shape[0], epilogue, half)
     ks = ks or linear.tmb_ksplit(K, T)
     if shape is None:
-        shape = {"tmb": linear.tmb_shape, "tmr": linear.tmr_shape, "tcg": lambda T, ks: TCG_ALL[0]}[kind](T, ks)
-    compiled = {"tmb": TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": TCG_ALL}[kind]
+        shape = {"tmb": linear.tmb_shape, "tmr": linear.tmr_shape, "tcg": lambda T, ks: TCG_SWEEP[0]}[kind](T, ks)
+    compiled = {"tmb": TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": TCG_SWEEP}[kind]
     if tuple(shape) not in compiled:
         raise ValueError(f"gemv_{kind} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = linear.EPI[epilogue]

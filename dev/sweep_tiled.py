@@ -79,8 +79,8 @@ def sweep_shape(be, cp, linear, N, K, epi, reps, l2, kinds=("tmb", "tmr"), engin
     for M in MS:
         R["fma"][str(M)] = timed(lambda i, M: linear.gemv_launch(Ws[i % nbuf], x, Y, M, K, K, N, epi, half,
                                                                  gemv="fma"), M)
-    every = {"tmb": dev.TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": dev.TCG_ALL}
-    cands = [tuple(R["engine_tiled"][:1]) + (tuple(R["engine_tiled"][1]),)]
+    every = {"tmb": dev.TMB_ALL, "tmr": linear.TMR_SHAPES, "tcg": dev.TCG_SWEEP}
+    cands = [(eng_kind, tuple(eng_shape))]      # the engine's pick first: the others' bits are held to it
     cands += [(k, s) for k in kinds for s in every[k] if (k, s) != cands[0]]
     for ks in linear.TMB_KSPLITS:
         if ks > K // 32 or (engine_ks_only and ks != eng_ks):
@@ -115,7 +115,7 @@ def summary(R) -> list:
     order), at M = 1 / 2 / 4 / 8 (µs); per preset: those summed over one step's projections (ms)."""
     lines = []
     for p in R["presets"]:
-        tot = {}
+        tot, seen = {}, {}          # a kind absent at some shape (not swept there) has a partial sum
         for s in p["shapes"]:
             u = s["uses"]
             ok = [t for t in s["tiled"] if "error" not in t and t["ks"] == s["engine_ks"]]
@@ -123,21 +123,23 @@ def summary(R) -> list:
             eng = [t for t in ok if [t["kind"], t["shape"]] == s["engine_tiled"]]
             if eng:
                 rows["engine"] = [eng[0][f"M{M}"] for M in MS]
+            summed = {"fma": rows["fma"], "engine": rows.get("engine", [float("nan")] * len(MS)),
+                      "best any tiled, per M": ([min(t[f"M{M}"] for t in ok) for M in MS] if ok
+                                                else [float("nan")] * len(MS))}
             for kind in sorted({t["kind"] for t in ok}):
                 best = min((t for t in ok if t["kind"] == kind), key=lambda t: t["M1"] + t["M4"])
-                rows[f"{kind}{tuple(best['shape'])}"] = [best[f"M{M}"] for M in MS]
-                key = f"best {kind}"
-                tot[key] = [a + u * b for a, b in zip(tot.get(key, [0.0] * len(MS)), rows[f"{kind}{tuple(best['shape'])}"])]
-            best_any = [min(t[f"M{M}"] for t in ok) for M in MS] if ok else [float("nan")] * len(MS)
-            for key, v in (("fma", rows["fma"]), ("engine", rows.get("engine", [float("nan")] * len(MS))),
-                           ("best any tiled, per M", best_any)):
+                rows[f"{kind}{tuple(best['shape'])}"] = summed[f"best {kind}"] = [best[f"M{M}"] for M in MS]
+            for key, v in summed.items():
                 tot[key] = [a + u * b for a, b in zip(tot.get(key, [0.0] * len(MS)), v)]
+                seen[key] = seen.get(key, 0) + 1
             bad = [t for t in s["tiled"] if t.get("same_bits") is False]
             lines.append(f"{p['preset']:14s} {s['label']:9s} N={s['N']:6d} K={s['K']:5d} x{u:2d} ks{s['engine_ks']}"
                          + ("  BITS DIFFER" if bad else "") + "  "
                          + "  ".join(f"{k} " + "/".join(f"{x:.1f}" for x in v) for k, v in rows.items()))
         for k, v in tot.items():
-            lines.append(f"{p['preset']} step projections ms, M = {MS}: {k} " + "/".join(f"{x / 1e3:.3f}" for x in v))
+            part = "" if seen[k] == len(p["shapes"]) else f" (partial: {seen[k]} of {len(p['shapes'])} shapes)"
+            lines.append(f"{p['preset']} step projections ms, M = {MS}: {k} " + "/".join(f"{x / 1e3:.3f}" for x in v)
+                         + part)
     return lines
 
 

@@ -17,11 +17,11 @@
 //          16-k step (D_hi, D_mid, D_lo) lose only the tensor core's fp32 summation: fp32 accuracy.
 //          A row's K permutation (the slots of the mma each k takes) is written out under gemv_tmb.
 // PDL      gemv_tmb and gemv_tmr let their dependents launch only after their own griddep_wait()
-//          (the other kernels do so before it). Launched early, a dependent's blocks wait on the SMs;
-//          when the dependent is a tiled GEMV's neighbour, they sat beside (and let launch the next)
-//          heavy blocks of 150-190 registers while the GEMV before them still ran: on an H100 the
-//          0.8B step took 1.53 ms replayed with PDL against 1.42 without it (results/cuda_notes.md).
-//          Scheduling only: no row's order changes.
+//          (the other kernels do so before it). A kernel that lets its dependents launch before its
+//          own wait lets early launches chain ahead: the blocks of the next tiled GEMV (150-190
+//          registers a thread) then wait on the SMs while the GEMV before it still runs, taking its
+//          room. On an H100 the 0.8B step took 1.53 ms replayed with PDL against 1.42 without it
+//          (results/cuda_notes.md). Scheduling only: no row's order changes.
 //
 // ==== gemv_{bf16,f32}_*: CUDA cores (fp32 weights, and bf16 unless the tensor-core path is chosen) =
 //

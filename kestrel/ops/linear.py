@@ -211,7 +211,6 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
     if fn is None and tuple(shape) not in compiled:
         raise ValueError(f"{name} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = EPI[epilogue]
-    nout = half if epi == 2 else W.shape[0]
     if kind == "tmb":
         nw, kc, st = shape
         fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
@@ -220,6 +219,7 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
         t, p = shape
         fn = fn or L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
         sm, per_block, block = 0, t, 32 * (t + 1)
+    nout = half if epi == 2 else W.shape[0]
     part, count = tmb_scratch(ks * L.cdiv(M, 8) * T if ks > 1 else 0)
     args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
             L.i32(ks), L.ptr(part), L.ptr(count))
