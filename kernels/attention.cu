@@ -49,8 +49,7 @@ extern "C" __global__ void __launch_bounds__(KV_APPEND_THREADS) attn_kv_append(
     float* __restrict__ vc, const int* __restrict__ ctrl, int nkv, int hd, int rh, float eps,
     const i64* __restrict__ seg) {
     extern __shared__ float sm[];
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     float* kb = sm;
     float* red = sm + hd;
     const int h = blockIdx.x, j = blockIdx.y;
@@ -81,8 +80,7 @@ extern "C" __global__ void __launch_bounds__(ATTN_DECODE_THREADS) attn_decode(
     float* __restrict__ out, int ldo, const int* __restrict__ ctrl, int nh, int nkv, int hd, int rh, float eps,
     float scale, const i64* __restrict__ seg) {
     extern __shared__ float sm[];
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     float* qs = sm;
     float* red = sm + hd;
     float* sc = red + RED_FLOATS;

@@ -118,6 +118,26 @@ __device__ __forceinline__ void griddep_launch() {
 #endif
 }
 
+// A kernel's start under PDL, in one of two orders (the -D macro PDL_WAIT_FIRST; the engine
+// compiles a module for each order and captures its graphs with the one its KernelOptions.pdl_order
+// names). Launch first (0): the successor may be scheduled while this kernel still waits, which
+// hides the most launch latency, but early launches can chain two or three kernels ahead and their
+// resident blocks take room from the kernel that is running. Wait first (1): a kernel lets its
+// successor launch only once it runs itself, so at most one kernel is ahead. Which is faster
+// depends on the engine's GEMV (results/cuda_notes.md, "PDL order"); the bits never do.
+#ifndef PDL_WAIT_FIRST
+#define PDL_WAIT_FIRST 0
+#endif
+__device__ __forceinline__ void griddep_enter() {
+#if PDL_WAIT_FIRST
+    griddep_wait();
+    griddep_launch();
+#else
+    griddep_launch();
+    griddep_wait();
+#endif
+}
+
 // 16-byte streaming load of read-only data that is used once (weights): no L1 allocation, so
 // the activations that every block re-reads stay in L1.
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {

@@ -51,8 +51,7 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
     const float* __restrict__ qkv, int ldq, const float* __restrict__ w, float* __restrict__ xo, int ldx,
     float* __restrict__ hist_ring, i64 slot_stride, int nslots, int mode, const int* __restrict__ ctrl, int M,
     int C, int K, const i64* __restrict__ seg) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     if (seg) {                     // segment blockIdx.y of a batched launch (common.cuh)
@@ -102,8 +101,7 @@ extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_conv(
 // Launch: grid (ceil(n / GDN_CONV_THREADS), the most rows of a segment, segments).
 extern "C" __global__ void __launch_bounds__(GDN_CONV_THREADS) gdn_move_inputs(
     float* __restrict__ rows, int ldr, int ldc, int n, int to_cache, const i64* __restrict__ seg) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     const Seg sg = seg_at(seg, blockIdx.z);
     const int j = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= sg.M || c >= n) return;
@@ -199,8 +197,7 @@ __device__ __forceinline__ void gdn_recur_body(
     float eps, const i64* __restrict__ seg) {
     extern __shared__ float4 sm4[];   // float4: 16-byte aligned for the vector state copies
     float* sm = reinterpret_cast<float*>(sm4);
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     // a segment past the pass's returns, the whole block (cluster) before any barrier
     if (!recur_segment(seg, xc, ldx, z, ldz, b, ldb, a, lda, y, ldy, M, S_ring, ctrl, nslots, mode)) return;
     const int dk = REGS ? DK : dk_arg, dv = REGS ? DV : dv_arg;
@@ -389,8 +386,7 @@ gdn_recur_cluster(GDN_RECUR_CLUSTER_PARAMS) {
     __shared__ float dl_sh[CL_COLS];                    // delta of the row
     __shared__ float opart[R][CL_NSLICE][CL_COLS];      // pass B's partial column sums, per row
     __shared__ float osq[2][R][GDN_CLUSTER];            // Σo² of each block's columns (written by every block)
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     // a segment past the pass's returns, the whole block (cluster) before any barrier
     if (!recur_segment(seg, xc, ldx, z, ldz, b, ldb, a, lda, y, ldy, M, S_ring, ctrl, nslots, mode)) return;
     cluster_arrive_relaxed();                 // every block of the cluster has started: paired below

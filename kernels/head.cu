@@ -17,8 +17,7 @@ __device__ __forceinline__ float widen(float x) { return x; }
 template <class T>
 __device__ __forceinline__ void embed_rows(const T* __restrict__ table, const int* __restrict__ tok,
                                            float* __restrict__ y, int ldy, int H) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     const T* row = table + (i64)tok[blockIdx.x] * H;
     float* yr = y + (i64)blockIdx.x * ldy;
     for (int i = threadIdx.x; i < H; i += blockDim.x) yr[i] = widen(row[i]);
@@ -46,8 +45,7 @@ __device__ __forceinline__ bool am_better(float v, int i, float b, int bi) {
 
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const float* __restrict__ x, int ldx, int n,
                                                                long long* __restrict__ out) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* xr = x + (i64)blockIdx.x * ldx;
@@ -77,8 +75,7 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS) argmax_rows(const f
 
 extern "C" __global__ void __launch_bounds__(BF16_THREADS) f32_to_bf16(const float* __restrict__ x, float scale,
                                                               bf16_t* __restrict__ y, i64 n) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         unsigned int u = __float_as_uint(x[i] * scale);
         u += 0x7FFFu + ((u >> 16) & 1u);

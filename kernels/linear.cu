@@ -16,12 +16,13 @@
 //          underflow below 2^-100). Each bf16 × bf16 product is exact in fp32, so the three mma per
 //          16-k step (D_hi, D_mid, D_lo) lose only the tensor core's fp32 summation: fp32 accuracy.
 //          A row's K permutation (the slots of the mma each k takes) is written out under gemv_tmb.
-// PDL      gemv_tmb and gemv_tmr let their dependents launch only after their own griddep_wait()
-//          (the other kernels do so before it). A kernel that lets its dependents launch before its
-//          own wait lets early launches chain ahead: the blocks of the next tiled GEMV (150-190
-//          registers a thread) then wait on the SMs while the GEMV before it still runs, taking its
-//          room. On an H100 the 0.8B step took 1.53 ms replayed with PDL against 1.42 without it
-//          (results/cuda_notes.md). Scheduling only: no row's order changes.
+// PDL      gemv_tmb and gemv_tmr let their dependents launch only after their own griddep_wait(),
+//          whatever the module's PDL_WAIT_FIRST (the other kernels follow it: griddep_enter()). A
+//          kernel that lets its dependents launch before its own wait lets early launches chain
+//          ahead: the blocks of the next tiled GEMV (150-190 registers a thread) then wait on the
+//          SMs while the GEMV before it still runs, taking its room. On an H100 the 0.8B step took
+//          1.53 ms replayed with PDL against 1.42 without it (results/cuda_notes.md). Scheduling
+//          only: no row's order changes.
 //
 // ==== gemv_{bf16,f32}_*: CUDA cores (fp32 weights, and bf16 unless the tensor-core path is chosen) =
 //
@@ -146,8 +147,7 @@ __device__ __forceinline__ void gemv_body(const void* __restrict__ W, int ldw, c
             for (int r = 0; r < RR; ++r) w[j][r] = rok[r] ? load_wchunk<BF16, VEC>(W, roff[r] + (i64)c * VEC) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     for (int cs = c0; cs < nch; cs += PF * stride) {
 #pragma unroll
         for (int j = 0; j < PF; ++j) {

@@ -8,8 +8,7 @@
 
 extern "C" __global__ void __launch_bounds__(MLP_THREADS) swiglu(const float* __restrict__ g, const float* __restrict__ u,
                                                          float* __restrict__ y, i64 n) {
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x)
         y[i] = silu_f(g[i]) * u[i];
 }

@@ -15,8 +15,7 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_zc(const floa
                                                              int ldy, int n, float eps) {
     constexpr int PER = NORM_PER;
     __shared__ float red[RED_FLOATS];
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     const float* xr = x + (i64)blockIdx.x * ldx;
     float* yr = y + (i64)blockIdx.x * ldy;
     const int t = threadIdx.x, nt = blockDim.x;

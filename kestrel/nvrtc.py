@@ -103,13 +103,36 @@ def source_module(key, files, cuda_defines: dict):
     return mod
 
 
-def kernel(module: str, name: str):
-    """cupy.RawKernel `name` from kernels/<module>.cu, compiled once per process."""
-    key = (module, name)
+PDL_ORDERS = ("launch-first", "wait-first")     # griddep_enter() in kernels/common.cuh
+_ORIGIN: dict = {}          # id(kernel) -> (module, name, PDL order) of every kernel() made
+
+
+def kernel(module: str, name: str, pdl_order: str = "launch-first"):
+    """cupy.RawKernel `name` from kernels/<module>.cu, compiled once per process for each PDL order
+    (the -D macro PDL_WAIT_FIRST; launches outside a PDL graph run the same in both)."""
+    key = (module, name, pdl_order)
     fn = _FUNCS.get(key)
     if fn is None:
-        fn = _FUNCS[key] = source_module(module, [KERNEL_DIR / f"{module}.cu"], defines(module)).get_function(name)
+        if pdl_order not in PDL_ORDERS:
+            raise ValueError(f"pdl_order={pdl_order!r}: expected one of {PDL_ORDERS}")
+        d = dict(defines(module), PDL_WAIT_FIRST=int(pdl_order == "wait-first"))
+        fn = _FUNCS[key] = source_module((module, pdl_order), [KERNEL_DIR / f"{module}.cu"], d).get_function(name)
+        _ORIGIN[id(fn)] = key
     return fn
+
+
+def in_pdl_order(fn, pdl_order: str):
+    """The same kernel as fn compiled for `pdl_order` (with fn's shared-memory opt-in); fn itself
+    when it already is, or when kernel() did not make it (dev/'s own modules)."""
+    origin = _ORIGIN.get(id(fn))
+    if origin is None or origin[2] == pdl_order:
+        return fn
+    twin = kernel(origin[0], origin[1], pdl_order)
+    nbytes = _SMEM_SET.get(id(fn), 0)
+    if nbytes > _SMEM_SET.get(id(twin), 0):
+        twin.max_dynamic_shared_size_bytes = nbytes
+        _SMEM_SET[id(twin)] = nbytes
+    return twin
 
 
 _SMEM_SET: dict = {}

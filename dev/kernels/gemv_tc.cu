@@ -149,8 +149,7 @@ __device__ __forceinline__ void gemv_tc_body(const bf16_t* __restrict__ W, int l
 #pragma unroll
     for (int j = 0; j < ST - 1; ++j)                  // weights only: before the wait
         if (kw + j * KS < nsc) tc_load<RT, U>(wa[j], wb[j], W, pa, pb, oka, okb, (kw + j * KS) * SC, kt, K);
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     for (int sc = kw; sc < nsc; sc += ST * KS) {
 #pragma unroll
         for (int j = 0; j < ST; ++j) {

@@ -84,8 +84,7 @@ __device__ __forceinline__ void gemv_tcg_body(const bf16_t* __restrict__ W, cons
         group(i, kbs, nk);
         load(kbs, min(P, nk), wa, xa0, xb0, true, false);   // weights: before the wait
     }
-    griddep_launch();
-    griddep_wait();
+    griddep_enter();
     if (any) load(kbs, min(P, nk), wa, xa0, xb0, false, true);
 
     float dh[4] = {}, dm[4] = {}, dl[4] = {};

@@ -7,7 +7,9 @@ gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: 
 they differ in the last bits, so one engine uses one throughout). gdn_recur names the recurrence
 kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). pdl turns
 programmatic dependent launch in CUDA graphs on or off (None: on where the GPU has it, sm_90 and
-later). Unset fields take the defaults kestrel.settings reads. Plans, lowering and results
+later); pdl_order is the order of a kernel's two PDL calls (kernels/common.cuh, griddep_enter),
+"launch-first" or "wait-first", by default the one its GEMV runs fastest with (PDL_ORDER_OF_GEMV;
+scheduling only, never the bits). Unset fields take the defaults kestrel.settings reads. Plans, lowering and results
 files read the options from the backend: nothing else in the process decides a kernel.
 """
 from __future__ import annotations
@@ -17,7 +19,12 @@ from dataclasses import asdict, dataclass, fields
 from .. import settings
 from ..errors import DeviceError
 from ..ops.gdn import GDN_RECUR_VARIANTS
+from ..nvrtc import PDL_ORDERS
 from ..ops.linear import GEMVS
+
+# The PDL order each GEMV runs fastest with (results/cuda_notes.md, "PDL order"): the tiled
+# tensor-core GEMV's blocks are large, so it wants at most one kernel launched ahead.
+PDL_ORDER_OF_GEMV = {"fma": "launch-first", "tmb": "wait-first"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,7 @@ class KernelOptions:
     gemv: str | None = None
     gdn_recur: str | None = None
     pdl: bool | None = None
+    pdl_order: str | None = None
 
     def __post_init__(self):
         if self.gemv is not None and self.gemv not in GEMVS:
@@ -34,6 +42,8 @@ class KernelOptions:
                               f"{', '.join(GDN_RECUR_VARIANTS)}")
         if self.pdl is not None and not isinstance(self.pdl, bool):
             raise DeviceError(f"kernel option pdl={self.pdl!r}: expected True, False or None")
+        if self.pdl_order is not None and self.pdl_order not in PDL_ORDERS:
+            raise DeviceError(f"kernel option pdl_order={self.pdl_order!r}: expected one of {', '.join(PDL_ORDERS)}")
 
     @classmethod
     def of(cls, kernels) -> "KernelOptions":
@@ -56,7 +66,8 @@ class KernelOptions:
         gemv = self.gemv or settings.get("KESTREL_BF16_GEMV")
         recur = self.gdn_recur or settings.get("KESTREL_GDN_RECUR")
         pdl = self.pdl if self.pdl is not None else settings.get("KESTREL_PDL") != "0"
-        return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported)
+        order = self.pdl_order or settings.get("KESTREL_PDL_ORDER") or PDL_ORDER_OF_GEMV.get(gemv, "launch-first")
+        return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported, pdl_order=order)
 
     def as_dict(self) -> dict:
         return asdict(self)

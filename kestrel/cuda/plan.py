@@ -85,10 +85,10 @@ class Plan:
         return b
 
     def _issue(self, pdl: bool = False):
-        if pdl:
-            drv, sp = pdl_driver(), self.be.stream.ptr
+        if pdl:     # each kernel compiled for the engine's PDL order (griddep_enter in common.cuh)
+            drv, sp, order = pdl_driver(), self.be.stream.ptr, self.be.kernels.pdl_order
             for fn, grid, block, args, sm in self.launches:
-                drv.launch(fn, grid, block, args, sm, sp)
+                drv.launch(L.in_pdl_order(fn, order), grid, block, args, sm, sp)
         else:
             for fn, grid, block, args, sm in self.launches:
                 fn(grid, block, args, shared_mem=sm)
