@@ -453,6 +453,16 @@ def test_plotting_code_is_collapsed(path):
     assert not bare, f"{path.name}: figure cells with their code shown: {bare}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_toggle_says_what_it_hides(path):
+    """A hidden cell's toggle names what it opens ("Answer 2: show", "Show the code behind
+    this"), never the generic "Show code cell content"."""
+    bare = [i for i, c in enumerate(_cells(path, "code"))
+            if {"hide-input", "hide-cell", "hide-output"} & set(c.get("metadata", {}).get("tags", []))
+            and not c["metadata"].get("mystnb", {}).get("code_prompt_show")]
+    assert not bare, f"{path.name}: hidden cells without a toggle label: {bare}"
+
+
 @pytest.mark.parametrize("path", CHAPTERS_1_10, ids=[p.name for p in CHAPTERS_1_10])
 def test_chapter_ends_with_summary_and_exercises_with_answers(path):
     cells = _cells(path)
