@@ -37,8 +37,9 @@ prediction in one run (results/bench_spec.json), and the same configuration (che
 measured 0.42 and 0.73 ms a token in runs two days apart (that file and results/bench_adaptive.md).
 Where even perfect drafts would cost more than PAY_MARGIN of a plain step a token (the tiny model on
 an H200: 0.90 by that file's unit costs), that error alone can make every round a loss, and the
-rounds it takes to find out cost an H100 run 8 % against greedy (results/bench_adaptive_h100.md,
-one probe round). So such a run never drafts. Shapes where speculation does pay are far from the
+rounds it takes to find out cost an H100 run 8 % against greedy
+(results/bench_adaptive_h100_before_pay_margin.md, one probe round). So such a run never drafts
+(results/bench_adaptive_h100.md: level with greedy, 1.00x). Shapes where speculation does pay are far from the
 margin (by the same unit costs: 0.8B 0.64, 4B 0.52, 9B 0.47, 27B 0.39; the tiny model on a 2-core
 CPU about 0.4).
 
