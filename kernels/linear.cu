@@ -312,22 +312,28 @@ __device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, 
 //          permutation: mma slot 2t+j <-> k = 32kb + 8t + 4s + j, slot 2t+8+j <-> k = 32kb + 8t + 4s + 2 + j). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
 //          x [M, ldx] fp32 as the model writes it.
 // Launch   block = NW warps = NW tiles (warp w: tile NW·blockIdx.x + w) × one K part (blockIdx.z of ks,
-//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8 activation rows (the block order above). Each stage of KC k
+//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × RG row groups of 8 activation rows (the block order
+//          above, with row groups of 8·RG rows). RG = 1 for M <= 8; RG > 1 (the _g kernels, for the
+//          many rows of a batch) keeps one stage's weights in shared memory for RG row groups, so a
+//          block reads its tiles once for up to 8·RG rows instead of once per 8 (from L2 at best:
+//          at M = 64 the 8 re-reads made the 27B gate|up 5.2x its M = 1 time on an H100). Each stage of KC k
 //          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
 //          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
 //          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
 //          one lane each; the weights of the first ST − 1 stages before griddep_wait(). Once a
 //          stage has landed, the block splits its activations into the three bf16 terms once (not
 //          once a warp) into xsplit: per 32-k block 3 × 32 uint4 = 1536 bytes, [j][lane], lane
-//          (g, t)'s B fragments for both mma steps of the block (k 0-15, 16-31) and the three terms. Dynamic shared memory
-//          ST · (NW·32·KC + 8·(4·KC + 16)) + KC/32 · 1536 bytes (linear.tmb_smem); x rows are
+//          (g, t)'s B fragments for both mma steps of the block (k 0-15, 16-31) and the three terms,
+//          for each of the RG row groups. Dynamic shared memory
+//          ST · (NW·32·KC + 8·RG·(4·KC + 16)) + RG · KC/32 · 1536 bytes (linear.tmb_smem); x rows are
 //          padded to 4·KC + 16 bytes so lane (g, t)'s float4 reads hit every bank once.
 // Split K  ks > 1: each (tile, part) writes its D fragment to part[z][y][tile][lane] (linear.tmb_scratch);
 //          the last of a tile's ks blocks to arrive at count[y·T + tile] adds part 0 + part 1 + ... in
 //          that order, applies the epilogue and sets the count back to 0 for the next launch.
 // Order    per output element: for each part, for each of its chain groups in increasing k, the
 //          three chains over the group's kb, into acc as above; then the parts in index order. Fixed
-//          by K, TMB_CG and ks alone (linear.tmb_ksplit): NW, KC, ST, N and M change nothing, so row
+//          by K, TMB_CG and ks alone (linear.tmb_ksplit): NW, KC, ST, RG, N and M change nothing (a row
+//          group's chains see the same mma in the same order whichever block holds it), so row
 //          m of an M-row launch is bit-identical to that row alone, and a row of a stacked matrix to
 //          that row in its own matrix.
 // The pieces gemv_tmb and gemv_tmr share, so that both compute a row in one order.
@@ -410,7 +416,7 @@ __device__ __forceinline__ void tmb_finish(float (&acc)[4], float* __restrict__ 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 // Bulk copies and transaction mbarriers need sm_90: older GPUs get a stub (linear.tmb_eligible never
 // picks gemv_tmb there), so the rest of this file still compiles for them.
-template <int NW, int KC, int ST, int EPI>
+template <int NW, int KC, int ST, int RG, int EPI>
 __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__, const float* __restrict__, int,
                                               float* __restrict__, int, int, int, int, int, int,
                                               float4* __restrict__, int* __restrict__) {
@@ -442,22 +448,24 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                  : "memory");
 }
 
-template <int NW, int KC, int ST, int EPI>
+template <int NW, int KC, int ST, int RG, int EPI>
 __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,
                                               float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,
                                               int ks, float4* __restrict__ part, int* __restrict__ count) {
     static_assert(KC % 32 == 0 && TMB_CG % KC == 0, "a stage is whole 32-k blocks inside one chain group");
     constexpr int XP = 4 * KC + 16;    // x row pitch in shared memory (≡ 16 mod 128: no bank conflicts)
     constexpr int TB = 32 * KC;        // one tile's stage
-    constexpr int WB = NW * TB, SB = WB + 8 * XP;
+    constexpr int XR = 8 * RG;         // activation rows a block
+    constexpr int WB = NW * TB, SB = WB + XR * XP;
     extern __shared__ __align__(128) unsigned char ring[];
-    unsigned char* const xsplit = ring + ST * SB;   // KC/32 · 1536 bytes after the ring
+    unsigned char* const xsplit = ring + ST * SB;   // RG · KC/32 · 1536 bytes after the ring
     __shared__ unsigned long long wfull[ST], xfull[ST];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int tile0 = tile_block(M, 8) * NW, tile = tile0 + warp;
+    const int tile0 = tile_block(M, XR) * NW, tile = tile0 + warp;
     const int nt = min(NW, ntiles - tile0);
-    const int m0 = row_group(M, 8) * 8, mc = min(8, M - m0);
+    const int mb = row_group(M, XR) * XR, mc = min(XR, M - mb);   // the block's first row, its rows
+    const int rgn = (mc + 7) / 8;                                  // its row groups
     const int nkb = K / 32, z = blockIdx.z;
     const int klo = 32 * (int)((i64)z * nkb / ks), khi = 32 * (int)((i64)(z + 1) * nkb / ks);
     const int nst = (khi - klo + KC - 1) / KC;
@@ -473,9 +481,8 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         }
         if (acts) {
             if (lane == 0) mbar_expect(&xfull[s % ST], (unsigned)(mc * kn * 4));
-            const int m = lane - 16;
-            if (m >= 0 && m < mc)
-                bulk_copy(dst + WB + m * XP, X + (i64)(m0 + m) * ldx + k0, (unsigned)(kn * 4), &xfull[s % ST]);
+            for (int m = (lane + 16) & 31; m < mc; m += 32)   // rows 0-15 from lanes 16-31
+                bulk_copy(dst + WB + m * XP, X + (i64)(mb + m) * ldx + k0, (unsigned)(kn * 4), &xfull[s % ST]);
         }
     };
     if (threadIdx.x == 0) {
@@ -494,8 +501,8 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     if (warp == 0)
         for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, false, true);
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    float dh[4] = {}, dm[4] = {}, dl[4] = {};   // the three chains of the current chain group
+    float acc[RG][4] = {}, dh[RG][4] = {}, dm[RG][4] = {}, dl[RG][4] = {};   // per row group: the sum, and
+                                                                          // the current chain group's three chains
     for (int s = 0; s < nst; ++s) {
         if (warp == 0 && s + ST - 1 < nst) issue(s + ST - 1, true, true);   // the slot read last round
         const unsigned par = (unsigned)((s / ST) & 1);
@@ -504,22 +511,26 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         const unsigned char* ws = ring + (s % ST) * SB + warp * TB;
         const int nkbs = min(KC, khi - klo - s * KC) / 32;
         // The stage's activations split once for the block (not once a warp): lane l's B fragments
-        // of 32-k block kb, [kb][j][l] uint4 for j = 0, 1, 2 = words (h, term, r) in that order.
-        for (int p = threadIdx.x; p < nkbs * 32; p += NW * 32) {
-            const int kb = p >> 5, l = p & 31, gg = l >> 2, tt = l & 3;
+        // of 32-k block kb of row group r, [r][kb][j][l] uint4 for j = 0, 1, 2 = words (h, term, r).
+        for (int p = threadIdx.x; p < rgn * nkbs * 32; p += NW * 32) {
+            const int r = p / (nkbs * 32), q = p - r * nkbs * 32;
+            const int kb = q >> 5, l = q & 31, row = 8 * r + (l >> 2), tt = l & 3;
             float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v = u;
-            if (gg < mc) {
-                const unsigned char* xr = ring + (s % ST) * SB + WB + gg * XP + 32 * tt + 128 * kb;
+            if (row < mc) {
+                const unsigned char* xr = ring + (s % ST) * SB + WB + row * XP + 32 * tt + 128 * kb;
                 u = *(const float4*)xr;
                 v = *(const float4*)(xr + 16);
             }
-            tmb_split_unit(u, v, (uint4*)(xsplit + 1536 * kb) + l);
+            tmb_split_unit(u, v, (uint4*)(xsplit + 1536 * (r * (KC / 32) + kb)) + l);
         }
         __syncthreads();
-        auto kblock = [&](int kb) {   // fed from xsplit
+        auto kblock = [&](int kb) {   // fed from xsplit; the weights read once for every row group
             const uint4 f0 = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // mma step 0
             const uint4 f1 = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // mma step 1
-            tmb_kblock(dh, dm, dl, f0, f1, (const uint4*)(xsplit + 1536 * kb) + lane);
+#pragma unroll
+            for (int r = 0; r < RG; ++r)
+                if (r < rgn)
+                    tmb_kblock(dh[r], dm[r], dl[r], f0, f1, (const uint4*)(xsplit + 1536 * (r * (KC / 32) + kb)) + lane);
         };
         if (warp < nt) {
             if (nkbs == KC / 32) {
@@ -529,11 +540,17 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 for (int kb = 0; kb < nkbs; ++kb) kblock(kb);
             }
         }
-        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) tmb_fold(acc, dh, dm, dl);   // a chain group ends
+        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) {   // a chain group ends
+#pragma unroll
+            for (int r = 0; r < RG; ++r) tmb_fold(acc[r], dh[r], dm[r], dl[r]);
+        }
         __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
     if (warp >= nt) return;
-    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, m0, mc, row_groups(M, 8), part, count);
+    const int nrg = row_groups(M, 8);
+#pragma unroll
+    for (int r = 0; r < RG; ++r)
+        if (r < rgn) tmb_finish<EPI>(acc[r], Y, ldy, N, ntiles, ks, tile, mb + 8 * r, min(8, mc - 8 * r), nrg, part, count);
 }
 #endif
 
@@ -542,10 +559,23 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
         gemv_tmb_w##NW##_c##KC##_s##ST##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X, int ldx,   \
                                                 float* __restrict__ Y, int ldy, int N, int K, int M, int ntiles,      \
                                                 int ks, float4* __restrict__ part, int* __restrict__ count) {         \
-        gemv_tmb_body<NW, KC, ST, EPI>(W, X, ldx, Y, ldy, N, K, M, ntiles, ks, part, count);                         \
+        gemv_tmb_body<NW, KC, ST, 1, EPI>(W, X, ldx, Y, ldy, N, K, M, ntiles, ks, part, count);                      \
     }
 #define GEMV_TMB(NW, KC, ST) GEMV_TMB_KERNEL(NW, KC, ST, 0) GEMV_TMB_KERNEL(NW, KC, ST, 1) GEMV_TMB_KERNEL(NW, KC, ST, 2)
 GEMV_TMB_VARIANTS
+
+// gemv_tmb over RG row groups a block (M > 8: a batch's rows), the same order as above
+#define GEMV_TMBG_KERNEL(NW, KC, ST, RG, EPI)                                                                         \
+    extern "C" __global__ void __launch_bounds__(NW * 32)                                                             \
+        gemv_tmb_w##NW##_c##KC##_s##ST##_g##RG##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X,     \
+                                                        int ldx, float* __restrict__ Y, int ldy, int N, int K, int M,  \
+                                                        int ntiles, int ks, float4* __restrict__ part,                 \
+                                                        int* __restrict__ count) {                                     \
+        gemv_tmb_body<NW, KC, ST, RG, EPI>(W, X, ldx, Y, ldy, N, K, M, ntiles, ks, part, count);                     \
+    }
+#define GEMV_TMBG(NW, KC, ST, RG) \
+    GEMV_TMBG_KERNEL(NW, KC, ST, RG, 0) GEMV_TMBG_KERNEL(NW, KC, ST, RG, 1) GEMV_TMBG_KERNEL(NW, KC, ST, RG, 2)
+GEMV_TMBG_VARIANTS
 
 // ==== gemv_tmr_*: tensor cores fed straight from tiled weights into registers (no copies, no ring) ==
 //

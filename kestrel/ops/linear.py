@@ -48,6 +48,13 @@ KSPLIT_MIN_K = 4096            # the CUDA-core kernel splits a row's K over 2 wa
 # (tmb_shape) among TMB_SHAPES, widest first.
 TMB_CG = 256
 TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
+# gemv_tmb over RG row groups of 8 a block (NW, KC, ST, RG), for launches of more than 8 rows (a
+# batch's): a block reads its tiles once for 8·RG rows. The same order as TMB_SHAPES (RG changes
+# which block holds a row group, not its arithmetic). tmbg_shape picks the least RG that holds
+# all the rows, else the widest; KC = 128 at RG = 8 keeps the ring and the split activations within
+# shared memory. Not yet the engine's choice: it has been compiled, not run on a GPU (its test,
+# test_gemv_tmb_row_groups, and dev/bench_rows.py say whether it may be).
+TMBG_SHAPES = ((4, 256, 2, 2), (4, 256, 2, 4), (4, 128, 2, 8))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
 TMB_KSPLIT_MIN_K = 2048        # tmb_ksplit: so is a row shorter than this
@@ -70,6 +77,7 @@ CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
                 "GEMV_VARIANTS_BF16": instantiations("GEMV_BF16", GEMV_FMA.values()),
                 "GEMV_VARIANTS_F32": instantiations("GEMV_F32", GEMV_FMA.values()),
                 "GEMV_TMB_VARIANTS": instantiations("GEMV_TMB", TMB_SHAPES),
+                "GEMV_TMBG_VARIANTS": instantiations("GEMV_TMBG", TMBG_SHAPES),
                 "GEMV_TMR_VARIANTS": instantiations("GEMV_TMR", TMR_SHAPES)}
 L.register("linear", CUDA_DEFINES)
 EPI = {"store": 0, "add": 1, "swiglu": 2}
@@ -150,9 +158,16 @@ def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
     return xp.ascontiguousarray(t).reshape(T * 16, K)
 
 
-def tmb_smem(nw: int, kc: int, st: int) -> int:
-    """ST ring slots (NW tiles' weights, 8 padded x rows), then one stage's split activations."""
-    return st * (nw * 32 * kc + 8 * (4 * kc + 16)) + kc // 32 * 1536
+def tmb_smem(nw: int, kc: int, st: int, rg: int = 1) -> int:
+    """ST ring slots (NW tiles' weights, 8·RG padded x rows), then one stage's split activations
+    (RG row groups)."""
+    return st * (nw * 32 * kc + 8 * rg * (4 * kc + 16)) + rg * (kc // 32) * 1536
+
+
+def tmbg_shape(M: int) -> tuple:
+    """The engine's gemv_tmb shape over several row groups a block, for an M-row launch (M > 8):
+    the least RG that takes all M rows in one block, else the widest. Bits do not depend on it."""
+    return next((s for s in TMBG_SHAPES if 8 * s[3] >= M), TMBG_SHAPES[-1])
 
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
@@ -201,20 +216,22 @@ def _tiled_checks(name: str, W, tiled, X, K: int, ldx: int, epilogue: str, half:
 
 def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: int, ldx: int, ldy: int,
                   epilogue: str = "store", half: int = 0, fn=None):
-    """(fn, grid, block, args, smem) of gemv_tmb (kind "tmb", shape (NW, KC, ST)) or gemv_tmr
+    """(fn, grid, block, args, smem) of gemv_tmb (kind "tmb", shape (NW, KC, ST) or, over RG row
+    groups a block, (NW, KC, ST, RG)) or gemv_tmr
     ("tmr", (T, P)) split ks ways. The engine's launchers pass its own choice (tmb_kernel,
     tmb_ksplit); the tests pass every compiled shape and K split to hold them to one set of bits,
     and dev/ passes kernels it compiled itself (fn)."""
     name = f"gemv_{kind}"
     T = _tiled_checks(name, W, tiled, X, K, ldx, epilogue, half, ks)
-    compiled = TMB_SHAPES if kind == "tmb" else TMR_SHAPES
+    compiled = TMB_SHAPES + TMBG_SHAPES if kind == "tmb" else TMR_SHAPES
     if fn is None and tuple(shape) not in compiled:
         raise ValueError(f"{name} shape {tuple(shape)} not compiled (one of {compiled})")
     epi = EPI[epilogue]
+    rows = 8     # activation rows a block
     if kind == "tmb":
-        nw, kc, st = shape
-        fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}_e{epi}")
-        sm, per_block, block = L.smem(fn, tmb_smem(nw, kc, st), name), nw, 32 * nw
+        nw, kc, st, rg = (*shape, 1) if len(shape) == 3 else shape
+        fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}{f'_g{rg}' if rg > 1 else ''}_e{epi}")
+        sm, per_block, block, rows = L.smem(fn, tmb_smem(nw, kc, st, rg), name), nw, 32 * nw, 8 * rg
     else:
         t, p = shape
         fn = fn or L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")
@@ -223,7 +240,7 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
     part, count = tmb_scratch(ks * L.cdiv(M, 8) * T if ks > 1 else 0)
     args = (L.ptr(tiled), L.ptr(X), L.i32(ldx), L.ptr(Y), L.i32(ldy), L.i32(nout), L.i32(K), L.i32(M), L.i32(T),
             L.i32(ks), L.ptr(part), L.ptr(count))
-    return fn, (L.cdiv(T, per_block) * L.cdiv(M, 8), 1, ks), (block,), args, sm     # block order: kernels/linear.cu
+    return fn, (L.cdiv(T, per_block) * L.cdiv(M, rows), 1, ks), (block,), args, sm     # block order: kernels/linear.cu
 
 
 def tmr_shape(tiles: int, ks: int) -> tuple:

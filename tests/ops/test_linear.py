@@ -326,6 +326,17 @@ def test_gemv_tmb_needs_its_tiled_weights(be, rng):
             linear._tiled_launch(kind, good_shape, 3, w, tiled, X, y, 2, 64, 64, 40)   # K = 64 is two 32-k blocks
 
 
+def _tiled_cases(be, rng, R: int, I: int = 45, K: int = 1056):
+    """A bf16 [2I, K] matrix (N not a multiple of a tile, K not of a stage or a chain group), R
+    fresh activation rows, and per epilogue (name, outputs, half, y before, float64 result)."""
+    w, w_host = _weight(be, rng, 2 * I, K, "bf16")
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    y0 = rng.standard_normal((R, 2 * I)).astype(np.float32)
+    ref = x.astype(np.float64) @ w_host.T.astype(np.float64)
+    return w, x, K, (("store", 2 * I, 0, None, ref), ("add", 2 * I, 0, y0, y0 + ref),
+                     ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:])))
+
+
 @pytest.mark.parametrize("ks", linear.TMB_KSPLITS)
 @pytest.mark.usefixtures("poison")
 @needs_gpu
@@ -336,13 +347,9 @@ def test_gemv_tmb_shapes(be, rng, ks):
     order; dev/test_gemv_variants.py adds the swept shapes, KC = 64 and 128 among them, and
     dev/kernels/gemv_tcg.cu), and the K-split counts back at zero after each launch."""
     import cupy as cp
-    I, K, R = 45, 1056, 15
-    w, w_host = _weight(be, rng, 2 * I, K, "bf16")
-    x = rng.standard_normal((R, K)).astype(np.float32)
-    y0 = rng.standard_normal((R, 2 * I)).astype(np.float32)
-    ref = x.astype(np.float64) @ w_host.T.astype(np.float64)
-    for epi, n, half, y_init, want in (("store", 2 * I, 0, None, ref), ("add", 2 * I, 0, y0, y0 + ref),
-                                       ("swiglu", I, I, None, mlp.swiglu(ref[:, :I], ref[:, I:]))):
+    R = 15
+    w, x, K, cases = _tiled_cases(be, rng, R)
+    for epi, n, half, y_init, want in cases:
         tiled = linear.tmb_tiled(w, K, epi, half)
         first = None
         for kind, shape in [("tmb", s) for s in linear.TMB_SHAPES] + [("tmr", s) for s in linear.TMR_SHAPES]:
@@ -359,6 +366,46 @@ def test_gemv_tmb_shapes(be, rng, ks):
             if first is None:
                 first = y
             assert np.array_equal(y, first), (epi, kind, shape)
+
+
+@pytest.mark.parametrize("ks", linear.TMB_KSPLITS)
+@pytest.mark.usefixtures("poison")
+@needs_gpu
+def test_gemv_tmb_row_groups(be, rng, ks):
+    """gemv_tmb over several row groups a block (TMBG_SHAPES, the batch's M > 8): every row of a
+    9-67-row launch, every epilogue, is bit-identical to that row launched alone on the engine's
+    M = 1 kernel (gemv_tmb or gemv_tmr), and close to float64; partial row groups and row-group
+    blocks included; the K-split counts back at zero."""
+    import cupy as cp
+    R = 67
+    w, x, K, cases = _tiled_cases(be, rng, R)
+    for epi, n, half, y_init, want in cases:
+        tiled = linear.tmb_tiled(w, K, epi, half)
+        single = linear.tmb_kernel(linear.tmb_tiles(w.shape[0], epi, half), ks, epi)
+
+        def alone_launcher(*a):
+            return linear._tiled_launch(*single, ks, a[0], tiled, *a[1:])
+        alone = np.stack([_gemv(be, w, x[j:j + 1], n, epi, half, None if y_init is None else y_init[j:j + 1],
+                                launcher=alone_launcher)[0] for j in range(R)])
+        for shape in linear.TMBG_SHAPES:
+            def launcher(*a):
+                return linear._tiled_launch("tmb", shape, ks, a[0], tiled, *a[1:])
+            for m in (9, 16, 17, 31, 33, 64, R):
+                y = _gemv(be, w, x[:m], n, epi, half, None if y_init is None else y_init[:m], launcher=launcher)
+                assert finite(y) and rel(y, want[:m]) < F32, (epi, shape, m)
+                assert np.array_equal(y, alone[:m]), (epi, shape, m)
+            assert int(cp.count_nonzero(linear.tmb_scratch()[1])) == 0
+
+
+def test_tmbg_shape_rule():
+    """The row-group kernel takes the least RG that holds every row in one block, else the widest;
+    every compiled tiled shape fits the shared memory one block may have."""
+    from kestrel import nvrtc as L
+    assert linear.tmbg_shape(9)[3] == 2 and linear.tmbg_shape(16)[3] == 2 and linear.tmbg_shape(17)[3] == 4
+    assert linear.tmbg_shape(64)[3] == 8 and linear.tmbg_shape(500) == linear.TMBG_SHAPES[-1]
+    for s in linear.TMB_SHAPES + linear.TMBG_SHAPES:
+        assert linear.tmb_smem(*s) + 1024 <= L.SMEM_MAX, s
+        assert linear.TMB_CG % s[1] == 0, s
 
 
 @needs_gpu
