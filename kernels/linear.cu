@@ -52,8 +52,11 @@
 // weights once per row group. The row groups of one tile block are adjacent in the grid
 // (blockIdx.x = tile block · nrg + row group, nrg = ceil(M / 8)), so the blocks that read the
 // same weights run together and all but the first find them in L2: one pass over the weights
-// from memory however many rows share the launch (the batched engine's many sequences). Which
-// block computes a row changes with M; a row's arithmetic does not.
+// from memory however many rows share the launch (the batched engine's many sequences). The L2
+// re-reads are not free: past 16 rows they bound the launch (dev/bench_rows.py: the 27B gate|up
+// at M = 64 took 5.2x its M = 1 time on an H100, under either GEMV), which is what gemv_tmb over
+// several row groups a block (RG > 1, below) is for. Which block computes a row changes with M; a
+// row's arithmetic does not.
 #include "common.cuh"
 
 // (tile block, row group) of this block, row groups of `rows` (blockIdx.x: see "block order")
@@ -315,8 +318,8 @@ __device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, 
 //          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × RG row groups of 8 activation rows (the block order
 //          above, with row groups of 8·RG rows). RG = 1 for M <= 8; RG > 1 (the _g kernels, for the
 //          many rows of a batch) keeps one stage's weights in shared memory for RG row groups, so a
-//          block reads its tiles once for up to 8·RG rows instead of once per 8 (from L2 at best:
-//          at M = 64 the 8 re-reads made the 27B gate|up 5.2x its M = 1 time on an H100). Each stage of KC k
+//          block reads its tiles once for up to 8·RG rows instead of once per 8 (see "block
+//          order"). Each stage of KC k
 //          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
 //          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
 //          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
