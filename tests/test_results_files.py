@@ -124,6 +124,7 @@ def test_every_committed_results_file_loads(path):
                                          ("bench_engine", "bench_engine_tmb"), ("bench_spec", "bench_spec"),
                                          ("bench_batch", "bench_batch_tiny_h100"),
                                          ("bench_batch", "bench_batch_27b_h100"),
+                                         ("bench_batch", "bench_batch_9b_tmb_h100"),
                                          ("bench_batch", "bench_batch_tiny_h200_before_prepare"),
                                          ("bench_batch", "bench_batch_27b_h100_before_prepare")])
 def test_committed_tables_are_what_the_writer_renders(tmp_path, script, stem):
