@@ -532,7 +532,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
             const uint4 f1 = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // mma step 1
 #pragma unroll
             for (int r = 0; r < RG; ++r)
-                if (r < rgn)
+                if (r == 0 || r < rgn)   // a block has at least one row group
                     tmb_kblock(dh[r], dm[r], dl[r], f0, f1, (const uint4*)(xsplit + 1536 * (r * (KC / 32) + kb)) + lane);
         };
         if (warp < nt) {
@@ -553,7 +553,7 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     const int nrg = row_groups(M, 8);
 #pragma unroll
     for (int r = 0; r < RG; ++r)
-        if (r < rgn) tmb_finish<EPI>(acc[r], Y, ldy, N, ntiles, ks, tile, mb + 8 * r, min(8, mc - 8 * r), nrg, part, count);
+        if (r == 0 || r < rgn) tmb_finish<EPI>(acc[r], Y, ldy, N, ntiles, ks, tile, mb + 8 * r, min(8, mc - 8 * r), nrg, part, count);
 }
 #endif
 
