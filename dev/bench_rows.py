@@ -81,8 +81,8 @@ def main():
                 ls = [launch_of(gemv, y, M) for y in ys]
 
                 def issue(ls=ls):
-                    for fn, g, b, args, sm in ls:
-                        L.go((fn, g, b, args, sm), be.stream)
+                    for launch in ls:
+                        L.go(launch, be.stream)
                 t = time_cupy_graph(cp, be.stream, issue, len(ls), a.reps)
                 r = {"shape": label, "N": N, "K": K, "gemv": gemv, "M": M, "us": t["us"],
                      "GBps": W.nbytes / (t["us"] * 1e-6) / 1e9, "rows_as_alone": same}

@@ -4,7 +4,8 @@ Each chapter's exercises end in a cell where the reader types answers (every one
 None) and runs it. `check` prints one line per answer: "no answer yet" while it is None (the
 run's value stays hidden, so the cell never gives the answer away), else "right" or "wrong"
 with the run's own value beside it. What counts as right is a `match` function: equality by
-default, `near(rel)` for a measured number, `within(abs_)` for a computed one.
+default, `near(rel)` for a measured number, `within(abs_)` for a computed one, `one_of` when
+the run's value is a list of right answers.
 """
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ def near(rel: float) -> Match:
 
     def match(mine, right) -> bool:
         return _number(mine) and abs(mine - right) <= rel * abs(right)
-    match.__name__ = f"near({rel})"
     return match
 
 
@@ -36,15 +36,12 @@ def within(abs_: float) -> Match:
 
     def match(mine, right) -> bool:
         return _number(mine) and abs(mine - right) <= abs_
-    match.__name__ = f"within({abs_})"
     return match
 
 
-def one_of(rights) -> Match:
+def one_of(mine, rights) -> bool:
     """Right when the answer is any of several right ones (the run's value is that list)."""
-    def match(mine, _right) -> bool:
-        return mine in rights
-    return match
+    return mine in rights
 
 
 def _number(x) -> bool:
