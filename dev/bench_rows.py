@@ -1,6 +1,7 @@
 """One projection at many activation rows (the batched engine's M = B x rows a sequence): time
-per launch under each bf16 GEMV (and "tmbg", gemv_tmb over several row groups a block, for M > 8),
-and the weight bytes over that time.
+per launch under each bf16 GEMV (under "tmb", M > 8 runs gemv_tmb over several row groups a block),
+beside "tmb1" (the tiled kernel the engine runs at M <= 8, one row group a block, at every M), and
+the weight bytes over that time.
 
     python3 dev/bench_rows.py [--out OUTDIR] [--ms 1,8,16,32,64]
 
@@ -55,17 +56,16 @@ def main():
         X = cp.asarray(rng.standard_normal((max(ms), K), dtype=np.float32))
         Y0 = cp.asarray(rng.standard_normal((max(ms), nout), dtype=np.float32))
         def launch_of(kind, y, M):
-            if kind == "tmbg":   # the row-group kernel, not yet the engine's choice
-                ks = linear.tmb_ksplit(K, linear.tmb_tiles(N, epi, half))
-                return linear._tiled_launch("tmb", linear.tmbg_shape(M), ks, W, tiled, X[:M], y, M, K, K, nout,
-                                            epi, half)
+            if kind == "tmb1":   # one row group a block at every M: the engine's M = 1 kernel
+                tiles = linear.tmb_tiles(N, epi, half)
+                ks = linear.tmb_ksplit(K, tiles)
+                return linear._tiled_launch(*linear.tmb_kernel(tiles, ks, epi, 1), ks, W, tiled, X[:M], y, M, K, K,
+                                            nout, epi, half)
             return linear.gemv_launch(W, X[:M], y, M, K, K, nout, epi, half, gemv=kind, tiled=tiled)
 
-        for gemv in (*linear.GEMVS, "tmbg"):
+        for gemv in (*linear.GEMVS, "tmb1"):
             alone = None
             for M in ms:
-                if gemv == "tmbg" and M <= 8:
-                    continue
                 Y = Y0[:M].copy()
                 launch = launch_of(gemv, Y, M)
                 L.go(launch, be.stream)
@@ -74,7 +74,7 @@ def main():
                     alone = Y0[:max(ms)].copy()
                     for j in range(max(ms)):
                         L.go(linear.gemv_launch(W, X[j:j + 1], alone[j:j + 1], 1, K, K, nout, epi, half,
-                                                gemv="tmb" if gemv == "tmbg" else gemv, tiled=tiled), be.stream)
+                                                gemv="tmb" if gemv == "tmb1" else gemv, tiled=tiled), be.stream)
                     be.stream.synchronize()
                 same = bool(cp.array_equal(Y.view(cp.uint32), alone[:M].view(cp.uint32)))
                 ys = [Y0[:M].copy() for _ in range(8)]

@@ -13,6 +13,7 @@ VARIABLES = {
     "KESTREL_GDN_RECUR": ("cluster", "the GDN recurrence kernel a CUDA backend prefers (cluster | regs | smem)"),
     "KESTREL_PDL": ("1", "0: no programmatic dependent launch in CUDA graphs"),
     "KESTREL_PDL_ORDER": ("", "a kernel's start under PDL (launch-first | wait-first; default: the GEMV's own)"),
+    "KESTREL_TILED_ONLY": ("0", "1: a CUDA backend on the tmb GEMV keeps each projection only as its tiled copy"),
     "KESTREL_DEVICE_NAME": ("", "the device name the laboratory's provenance lines print (default: detected)"),
     "KESTREL_COMMIT": ("", "the commit a results file records where the tree has no git history"),
 }
@@ -25,7 +26,7 @@ def get(name: str) -> str:
     return os.environ.get(name, VARIABLES[name][0])
 
 
-KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_PDL", "KESTREL_PDL_ORDER")
+KERNEL_SWITCHES = ("KESTREL_BF16_GEMV", "KESTREL_GDN_RECUR", "KESTREL_PDL", "KESTREL_PDL_ORDER", "KESTREL_TILED_ONLY")
 
 
 def kernel_switches(env=None) -> dict:

@@ -4,7 +4,7 @@ OUTDIR/bench_batch.json + .md (kestrel/lab/batching.py does the measuring).
 
     python3 scripts/bench_batch.py --out OUTDIR                              # the embedded model
     python3 scripts/bench_batch.py --preset test-b --B 1 4 16 --T 24 --out OUTDIR
-    python3 scripts/bench_batch.py --preset qwen3.5-27b --dtype bf16 --gemv tmb --B 1 4 16 --out OUTDIR
+    python3 scripts/bench_batch.py --preset qwen3.5-27b --dtype bf16 --gemv tmb --tiled-only --B 1 4 16 --out OUTDIR
 
 Each sequence replays its own random draws of one acceptance profile (the article's E16 under
 the trained pairing by default) with the replay drafter, which runs and pays for the real MTP
@@ -81,10 +81,12 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=32)
     ap.add_argument("--dtype", default=None, choices=("fp32", "bf16"), help="weights (default: the preset's)")
     ap.add_argument("--gemv", default=None, help="the CUDA backend's bf16 GEMV (kernel option gemv)")
+    ap.add_argument("--tiled-only", action="store_true",
+                    help="with --gemv tmb: keep each projection only as its tiled copy (kernel option tiled_only)")
     a = ap.parse_args(argv)
     kw = {"dtype": a.dtype} if a.dtype else {}
-    if a.gemv:
-        kw["kernels"] = {"gemv": a.gemv}
+    if a.gemv or a.tiled_only:
+        kw["kernels"] = {k: v for k, v in (("gemv", a.gemv), ("tiled_only", a.tiled_only or None)) if v}
     model = kestrel.load(a.preset, device=a.device, **kw)
     rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print)
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)

@@ -376,3 +376,47 @@ def test_tmb_engine(rng):
         sc, sg = ec.step(ec.cursor, tc), eg.step(eg.cursor, tg)
         lc, lg = sc.logits, host(sg.logits)
         assert rel(lg, lc) < MODEL, i
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_tiled_only_engine(name, rng):
+    """kernels={"gemv": "tmb", "tiled_only": True}: the same bits as the tmb engine that keeps the
+    originals (steps, a checkpointed verify, the states), every matrix it tiled is dropped from the
+    model (a linear.TiledOnly that refuses to be read; the tied embedding keeps its rows), and the device memory held is
+    smaller by about the dropped matrices' size."""
+    import gc
+    from kestrel.ops import linear
+    if linear._device()["cc"] < 90:
+        pytest.skip("gemv_tmb needs bulk copies (sm_90)")
+    V = kestrel.preset(name).vocab_size
+    prompt, toks = rng.integers(0, V, 7).tolist(), rng.integers(0, V, 3).tolist()
+    seed = int(rng.integers(0, 2 ** 31))
+    pool = cp.get_default_memory_pool()
+
+    def run(tiled_only):
+        gc.collect()
+        used0 = pool.used_bytes()
+        m = kestrel.load(name, device="cuda", dtype="bf16", seed=seed,
+                         kernels={"gemv": "tmb", "tiled_only": tiled_only})
+        e = kestrel.Engine(m, max_seq=64, mmax=4)
+        out = [host(e.prefill(prompt).logits)]
+        out += [host(e.step(e.cursor, t).logits) for t in toks]
+        out.append(host(e.verify_checkpointed(e.cursor, toks).logits))
+        gc.collect()
+        return m, e, out, pool.used_bytes() - used0
+
+    ma, ea, oa, used_a = run(False)
+    mb, eb, ob, used_b = run(True)
+    assert mb.be.kernels.tiled_only and not ma.be.kernels.tiled_only
+    for x, y in zip(oa, ob):
+        assert np.array_equal(x, y)
+    assert_same(live(ea), live(eb))
+    dropped = [n for n, a in mb.w.items() if isinstance(a, linear.TiledOnly)]
+    assert dropped, "no matrix was dropped"
+    assert not any(isinstance(a, linear.TiledOnly) for a in ma.w.values())
+    assert isinstance(mb.w["embed_tokens.weight"], cp.ndarray)
+    for n in dropped:
+        with pytest.raises(ValueError, match="tiled copy"):
+            mb.be.to_numpy(mb.w[n])
+    drop_bytes = sum(2 * int(np.prod(ma.w[n].shape)) for n in dropped)
+    assert used_b <= used_a - 0.9 * drop_bytes, (used_a, used_b, drop_bytes)

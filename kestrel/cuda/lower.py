@@ -80,6 +80,11 @@ def _rmsnorm(c: _Ctx, op):
 def _gemv(c: _Ctx, W, X, Y, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0):
     """One projection; under the tiled tensor-core kernel its weights' tiled copy comes along."""
     gemv, tiled = c.be.kernels.gemv, None
+    if isinstance(W, _linear.TiledOnly):       # the original is gone: only the tiled kernels can run
+        if W.tiled is None or not _linear.tmb_eligible(W, K, X, ldx):
+            raise ValueError(f"{W.name}: kept only as its tiled copy (tiled_only), but this launch cannot take "
+                             f"the tiled kernel (K {K}, ldx {ldx}, activations at {X.data.ptr % 16} mod 16 bytes)")
+        return _linear.gemv_launch(W, X, Y, c.M, K, ldx, ldy, epilogue, half, gemv=gemv, tiled=W.tiled)
     if gemv == "tmb" and _linear.tmb_eligible(W, K, X, ldx):
         tiled = c.be.tiled(c.model, W, epilogue, half)
     return _linear.gemv_launch(W, X, Y, c.M, K, ldx, ldy, epilogue, half, gemv=gemv, tiled=tiled)

@@ -9,7 +9,11 @@ kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). p
 programmatic dependent launch in CUDA graphs on or off (None: on where the GPU has it, sm_90 and
 later); pdl_order is the order of a kernel's two PDL calls (kernels/common.cuh, griddep_enter),
 "launch-first" or "wait-first", by default the one its GEMV runs fastest with (PDL_ORDER_OF_GEMV;
-scheduling only, never the bits). Unset fields take the defaults kestrel.settings reads. Plans, lowering and results
+scheduling only, never the bits). tiled_only (under gemv="tmb" only) keeps each projection matrix
+only as its tiled copy: the originals are dropped once tiled, so the weights take their size once
+instead of twice (the 27B shape then fits an 80 GB card), and reading a projection back from
+model.w is refused (CUDABackend.tiled; the tied embedding keeps its rows). Unset fields take the
+defaults kestrel.settings reads (tiled_only: KESTREL_TILED_ONLY=1, under tmb only; off by default). Plans, lowering and results
 files read the options from the backend: nothing else in the process decides a kernel.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ class KernelOptions:
     gdn_recur: str | None = None
     pdl: bool | None = None
     pdl_order: str | None = None
+    tiled_only: bool | None = None
 
     def __post_init__(self):
         if self.gemv is not None and self.gemv not in GEMVS:
@@ -44,6 +49,11 @@ class KernelOptions:
             raise DeviceError(f"kernel option pdl={self.pdl!r}: expected True, False or None")
         if self.pdl_order is not None and self.pdl_order not in PDL_ORDERS:
             raise DeviceError(f"kernel option pdl_order={self.pdl_order!r}: expected one of {', '.join(PDL_ORDERS)}")
+        if self.tiled_only is not None and not isinstance(self.tiled_only, bool):
+            raise DeviceError(f"kernel option tiled_only={self.tiled_only!r}: expected True, False or None")
+        if self.tiled_only and self.gemv is not None and self.gemv != "tmb":
+            raise DeviceError(f"kernel option tiled_only=True needs gemv='tmb' (the tiled copy is its kernel's "
+                              f"layout), not gemv={self.gemv!r}")
 
     @classmethod
     def of(cls, kernels) -> "KernelOptions":
@@ -67,7 +77,12 @@ class KernelOptions:
         recur = self.gdn_recur or settings.get("KESTREL_GDN_RECUR")
         pdl = self.pdl if self.pdl is not None else settings.get("KESTREL_PDL") != "0"
         order = self.pdl_order or settings.get("KESTREL_PDL_ORDER") or PDL_ORDER_OF_GEMV.get(gemv, "launch-first")
-        return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported, pdl_order=order)
+        if self.tiled_only and gemv != "tmb":
+            raise DeviceError(f"kernel option tiled_only=True needs gemv='tmb', not gemv={gemv!r}")
+        tiled_only = self.tiled_only if self.tiled_only is not None else (
+            gemv == "tmb" and settings.get("KESTREL_TILED_ONLY") == "1")
+        return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported, pdl_order=order,
+                             tiled_only=bool(tiled_only))
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -49,11 +49,11 @@ KSPLIT_MIN_K = 4096            # the CUDA-core kernel splits a row's K over 2 wa
 TMB_CG = 256
 TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 # gemv_tmb over RG row groups of 8 a block (NW, KC, ST, RG), for launches of more than 8 rows (a
-# batch's): a block reads its tiles once for 8·RG rows. The same order as TMB_SHAPES (RG changes
-# which block holds a row group, not its arithmetic). tmbg_shape picks the least RG that holds
-# all the rows, else the widest; KC = 128 at RG = 8 keeps the ring and the split activations within
-# shared memory. Not yet the engine's choice: it has been compiled, not run on a GPU (its test,
-# test_gemv_tmb_row_groups, and dev/bench_rows.py say whether it may be).
+# batch's): a block reads its tiles once for 8·RG rows, where one row group a block re-reads them
+# (from L2) for every further 8 rows. The same order as TMB_SHAPES (RG changes which block holds a
+# row group, not its arithmetic), so tmb_kernel takes it for every M > 8. tmbg_shape picks the least
+# RG that holds all the rows, else the widest; KC = 128 at RG = 8 keeps the ring and the split
+# activations within shared memory (dev/bench_rows.py measures it against one row group a block).
 TMBG_SHAPES = ((4, 256, 2, 2), (4, 256, 2, 4), (4, 128, 2, 8))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
@@ -158,6 +158,27 @@ def tmb_tiled(W, K: int, epilogue: str = "store", half: int = 0):
     return xp.ascontiguousarray(t).reshape(T * 16, K)
 
 
+class TiledOnly:
+    """A projection matrix kept only as its tiled copy (the engine option tiled_only): the shape and
+    dtype its launches read, and `tiled` (tmb_tiled of the dropped original; None for a row view of a
+    stack, whose stack holds the copy). Its contents cannot be read back: the original's rows no
+    longer exist, and the tiled bytes are in another order."""
+
+    def __init__(self, name: str, shape: tuple, tiled=None):
+        self.name, self.shape, self.tiled = name, tuple(shape), tiled
+        self.dtype, self.ndim = np.dtype(np.uint16), len(shape)
+        self.nbytes = 0 if tiled is None else int(tiled.nbytes)
+
+    def _refuse(self, *args, **kwargs):
+        raise ValueError(f"weight {self.name} {self.shape} is kept only as its tiled copy (kernel option "
+                         f"tiled_only): its rows cannot be read back; load the model without tiled_only")
+
+    __array__ = __getitem__ = _refuse
+
+    def __repr__(self):
+        return f"TiledOnly({self.name!r}, {self.shape})"
+
+
 def tmb_smem(nw: int, kc: int, st: int, rg: int = 1) -> int:
     """ST ring slots (NW tiles' weights, 8·RG padded x rows), then one stage's split activations
     (RG row groups)."""
@@ -249,13 +270,16 @@ def tmr_shape(tiles: int, ks: int) -> tuple:
     return next(((t, 8) for t in (8, 4, 2) if L.cdiv(tiles, t) * ks >= _device()["sms"]), (1, 8))
 
 
-def tmb_kernel(tiles: int, ks: int, epilogue: str = "store") -> tuple:
-    """The engine's kernel for a tiled matrix of `tiles` tiles split ks ways: ("tmr", tmr_shape)
-    where all of gemv_tmr's blocks of one row group (M <= 8) fit on the GPU at once, else
+def tmb_kernel(tiles: int, ks: int, epilogue: str = "store", M: int = 1) -> tuple:
+    """The engine's kernel for an M-row launch on a tiled matrix of `tiles` tiles split ks ways.
+    M > 8 (a batch): ("tmb", tmbg_shape(M)), each block reading its tiles once for up to 64 rows.
+    M <= 8: ("tmr", tmr_shape) where all of gemv_tmr's blocks fit on the GPU at once, else
     ("tmb", tmb_shape).
     gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
     wave runs its few warps alone (the 27B gate|up is slower on it: results/cuda_notes.md); gemv_tmb,
     whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
+    if M > 8:
+        return "tmb", tmbg_shape(M)
     t, p = tmr_shape(tiles, ks)
     fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")
     slots = _device()["sms"] * L.blocks_per_sm(fn, 32 * (t + 1))
@@ -283,7 +307,7 @@ def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "st
             raise ValueError("gemv='tmb' needs the tiled weights: tiled=tmb_tiled(W, K, epilogue, half)")
         tiles = tmb_tiles(W.shape[0], epilogue, half)
         ks = tmb_ksplit(K, tiles)
-        kind, shape = tmb_kernel(tiles, ks, epilogue)
+        kind, shape = tmb_kernel(tiles, ks, epilogue, M)
         return _tiled_launch(kind, shape, ks, W, tiled, X, Y, M, K, ldx, ldy, epilogue, half)
     return _fma_launch(fma_shape(M), W, X, Y, M, K, ldx, ldy, epilogue, half)
 
