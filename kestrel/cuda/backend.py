@@ -30,6 +30,7 @@ from .lower import BatchShape, lower, lower_batch
 from .cache import BATCH_PLAN_CACHE, GRAPH_MAX_ROWS, PlanCache
 from .options import KernelOptions
 from .plan import Staging
+from .tiled import drop_original
 
 GPU_DRAW_MIN_PARAMS = 50_000_000              # random_model draws on the GPU from this size up
 
@@ -169,44 +170,16 @@ class CUDABackend:
         """The tiled copy (linear.tmb_tiled, which gemv_tmb and gemv_tmr read) of one of `model`'s
         bf16 matrices, made once and kept with the model. The entry holds the matrix too, so its
         address cannot be reused while the copy is looked up by it. Under the kernel option
-        tiled_only the original is dropped instead (drop_original), unless the embedding reads it."""
+        tiled_only the original is dropped instead (tiled.drop_original), unless the embedding reads it."""
         d = self._tiled.setdefault(model, {})
         key = (W.data.ptr, W.shape, W.strides, half if epilogue == "swiglu" else -1)
         e = d.get(key)
         if e is None:
             with self.stream:
                 e = d[key] = (W, _linear.tmb_tiled(W, W.shape[1], epilogue, half))
-            if self.kernels.tiled_only and self.drop_original(model, W, e[1]):
+            if self.kernels.tiled_only and drop_original(model, self._stacks.get(model) or {}, W, e[1]):
                 del d[key]          # nothing holds W now, so its address may be reused
         return e[1]
-
-    def drop_original(self, model, W, tiled) -> bool:
-        """Replace every reference the model and this backend hold to W (a stack, a weight, or rows
-        of W) by a linear.TiledOnly, so W's memory is freed once the caller lets go of it. Not where
-        the embedding lookup reads W's rows (a tied head). True if dropped."""
-        lo, hi = int(W.data.ptr), int(W.data.ptr) + int(W.nbytes)
-
-        def inside(a):
-            return isinstance(a, cp.ndarray) and a.size and lo <= int(a.data.ptr) < hi
-
-        emb = model.w.get("embed_tokens.weight")
-        if inside(emb) or (isinstance(emb, cp.ndarray) and int(emb.data.ptr) <= lo < int(emb.data.ptr) + emb.nbytes):
-            return False
-
-        def marker(name, a):
-            same = int(a.data.ptr) == lo and a.shape == W.shape
-            return _linear.TiledOnly(name, a.shape, tiled if same else None)
-
-        stacks_ = self._stacks.get(model) or {}
-        for name, a in list(stacks_.items()):
-            if inside(a):
-                stacks_[name] = marker(name, a)
-        for name, a in list(model.w.items()):
-            if inside(a):
-                model.w[name] = marker(name, a)
-        if inside(model.head):
-            model.head = marker("head", model.head)
-        return True
 
     def rope_device(self, cfg: Config, n: int):
         key = (cfg.rot_dim, cfg.rope_theta, n)
