@@ -1,6 +1,7 @@
 """One projection at many activation rows (the batched engine's M = B x rows a sequence): time
 per launch under each bf16 GEMV (under "tmb", M > 8 runs gemv_tmb over several row groups a block),
-beside "tmb1" (the tiled kernel the engine runs at M <= 8, one row group a block, at every M), and
+beside "tmb1" (the tiled kernel the engine runs at M <= 8, one row group a block, at every M) and
+every compiled row-group shape ("g<NW>_<KC>_<ST>_<RG>", M > 8; engine_pick marks the engine's), and
 the weight bytes over that time.
 
     python3 dev/bench_rows.py [--out OUTDIR] [--ms 1,8,16,32,64]
@@ -55,17 +56,24 @@ def main():
         tiled = linear.tmb_tiled(W, K, epi, half)
         X = cp.asarray(rng.standard_normal((max(ms), K), dtype=np.float32))
         Y0 = cp.asarray(rng.standard_normal((max(ms), nout), dtype=np.float32))
+        tiles = linear.tmb_tiles(N, epi, half)
+        ks = linear.tmb_ksplit(K, tiles)
+
         def launch_of(kind, y, M):
             if kind == "tmb1":   # one row group a block at every M: the engine's M = 1 kernel
-                tiles = linear.tmb_tiles(N, epi, half)
-                ks = linear.tmb_ksplit(K, tiles)
                 return linear._tiled_launch(*linear.tmb_kernel(tiles, ks, epi, 1), ks, W, tiled, X[:M], y, M, K, K,
                                             nout, epi, half)
+            if kind.startswith("g"):   # one compiled row-group shape, "g<NW>_<KC>_<ST>_<RG>"
+                shape = tuple(int(v) for v in kind[1:].split("_"))
+                return linear._tiled_launch("tmb", shape, ks, W, tiled, X[:M], y, M, K, K, nout, epi, half)
             return linear.gemv_launch(W, X[:M], y, M, K, K, nout, epi, half, gemv=kind, tiled=tiled)
 
-        for gemv in (*linear.GEMVS, "tmb1"):
+        shapes = ["g" + "_".join(str(v) for v in sh) for sh in linear.TMBG_SHAPES]
+        for gemv in (*linear.GEMVS, "tmb1", *shapes):
             alone = None
             for M in ms:
+                if gemv.startswith("g") and M <= 8:
+                    continue
                 Y = Y0[:M].copy()
                 launch = launch_of(gemv, Y, M)
                 L.go(launch, be.stream)
@@ -74,7 +82,7 @@ def main():
                     alone = Y0[:max(ms)].copy()
                     for j in range(max(ms)):
                         L.go(linear.gemv_launch(W, X[j:j + 1], alone[j:j + 1], 1, K, K, nout, epi, half,
-                                                gemv="tmb" if gemv == "tmb1" else gemv, tiled=tiled), be.stream)
+                                                gemv="fma" if gemv == "fma" else "tmb", tiled=tiled), be.stream)
                     be.stream.synchronize()
                 same = bool(cp.array_equal(Y.view(cp.uint32), alone[:M].view(cp.uint32)))
                 ys = [Y0[:M].copy() for _ in range(8)]
@@ -85,9 +93,11 @@ def main():
                         L.go(launch, be.stream)
                 t = time_cupy_graph(cp, be.stream, issue, len(ls), a.reps)
                 r = {"shape": label, "N": N, "K": K, "gemv": gemv, "M": M, "us": t["us"],
+                     "engine_pick": gemv == "tmb" or (gemv.startswith("g") and M > 8
+                                                      and "g" + "_".join(map(str, linear.tmbg_shape(M))) == gemv),
                      "GBps": W.nbytes / (t["us"] * 1e-6) / 1e9, "rows_as_alone": same}
                 rows.append(r)
-                print(f"{label:22s} {gemv:4s} M={M:3d} {t['us']:9.1f} us {r['GBps']:7.0f} GB/s  "
+                print(f"{label:22s} {gemv:12s} M={M:3d} {t['us']:9.1f} us {r['GBps']:7.0f} GB/s  "
                       f"rows as alone: {same}", flush=True)
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -314,12 +314,14 @@ __device__ __forceinline__ void tc_store(float* __restrict__ Y, int ldy, int N, 
 //          (1, 1), word (q, h) the 2 bf16 of tile row g + 8h at k = 32kb + 8t + 4s + 2q + (0, 1) (the K
 //          permutation: mma slot 2t+j <-> k = 32kb + 8t + 4s + j, slot 2t+8+j <-> k = 32kb + 8t + 4s + 2 + j). Tile T's k range [k0, k1) is the byte range [32(TK + k0), 32(TK + k1)).
 //          x [M, ldx] fp32 as the model writes it.
-// Launch   block = NW warps = NW tiles (warp w: tile NW·blockIdx.x + w) × one K part (blockIdx.z of ks,
-//          32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × RG row groups of 8 activation rows (the block order
-//          above, with row groups of 8·RG rows). RG = 1 for M <= 8; RG > 1 (the _g kernels, for the
-//          many rows of a batch) keeps one stage's weights in shared memory for RG row groups, so a
-//          block reads its tiles once for up to 8·RG rows instead of once per 8 (see "block
-//          order"). Each stage of KC k
+// Launch   block = NW·RG warps, warp w computing tile NW·blockIdx.x + w % NW for row group w / NW,
+//          × one K part (blockIdx.z of ks, 32-k blocks [z·nkb/ks, (z+1)·nkb/ks)) × 8·RG activation rows
+//          (the block order above, with row groups of 8·RG rows). RG = 1 for M <= 8; RG > 1 (the _g
+//          kernels, for the many rows of a batch) lets RG warps share each tile's weights in shared
+//          memory, so a block reads its tiles once for up to 8·RG rows instead of once per 8 (see
+//          "block order"), and each warp still does exactly one (tile, row group)'s work, as at
+//          RG = 1 (more warps a block, not more registers a warp: a warp's work and registers do
+//          not depend on RG). Each stage of KC k
 //          is one cp.async.bulk copy per tile (32·KC bytes) and one per activation row (4·KC bytes,
 //          shared by the block's NW tiles, so x costs M/(8·NW) of the weight bytes), into a ring of
 //          ST shared-memory slots signalled by mbarriers (wfull, xfull). Warp 0 issues the copies,
@@ -464,11 +466,13 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     unsigned char* const xsplit = ring + ST * SB;   // RG · KC/32 · 1536 bytes after the ring
     __shared__ unsigned long long wfull[ST], xfull[ST];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int g = lane >> 2, t = lane & 3;
-    const int tile0 = tile_block(M, XR) * NW, tile = tile0 + warp;
+    const int tw = RG == 1 ? warp : warp % NW;      // this warp's tile in the block
+    const int r = RG == 1 ? 0 : warp / NW;          // and its row group
+    const int tile0 = tile_block(M, XR) * NW, tile = tile0 + tw;
     const int nt = min(NW, ntiles - tile0);
     const int mb = row_group(M, XR) * XR, mc = min(XR, M - mb);   // the block's first row, its rows
     const int rgn = (mc + 7) / 8;                                  // its row groups
+    const bool live = tw < nt && r < rgn;
     const int nkb = K / 32, z = blockIdx.z;
     const int klo = 32 * (int)((i64)z * nkb / ks), khi = 32 * (int)((i64)(z + 1) * nkb / ks);
     const int nst = (khi - klo + KC - 1) / KC;
@@ -504,38 +508,36 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
     if (warp == 0)
         for (int s = 0; s < ST - 1 && s < nst; ++s) issue(s, false, true);
 
-    float acc[RG][4] = {}, dh[RG][4] = {}, dm[RG][4] = {}, dl[RG][4] = {};   // per row group: the sum, and
-                                                                          // the current chain group's three chains
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dh[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dm[4] = {0.0f, 0.0f, 0.0f, 0.0f},
+          dl[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // the sum, and the current chain group's three chains
     for (int s = 0; s < nst; ++s) {
         if (warp == 0 && s + ST - 1 < nst) issue(s + ST - 1, true, true);   // the slot read last round
         const unsigned par = (unsigned)((s / ST) & 1);
         mbar_wait(&wfull[s % ST], par);
         mbar_wait(&xfull[s % ST], par);
-        const unsigned char* ws = ring + (s % ST) * SB + warp * TB;
+        const unsigned char* ws = ring + (s % ST) * SB + tw * TB;
         const int nkbs = min(KC, khi - klo - s * KC) / 32;
         // The stage's activations split once for the block (not once a warp): lane l's B fragments
-        // of 32-k block kb of row group r, [r][kb][j][l] uint4 for j = 0, 1, 2 = words (h, term, r).
-        for (int p = threadIdx.x; p < rgn * nkbs * 32; p += NW * 32) {
-            const int r = p / (nkbs * 32), q = p - r * nkbs * 32;
-            const int kb = q >> 5, l = q & 31, row = 8 * r + (l >> 2), tt = l & 3;
+        // of 32-k block kb of row group q, [q][kb][j][l] uint4 for j = 0, 1, 2 = words (h, term, r).
+        for (int p = threadIdx.x; p < rgn * nkbs * 32; p += NW * RG * 32) {
+            const int q = p / (nkbs * 32), e = p - q * nkbs * 32;
+            const int kb = e >> 5, l = e & 31, row = 8 * q + (l >> 2), tt = l & 3;
             float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v = u;
             if (row < mc) {
                 const unsigned char* xr = ring + (s % ST) * SB + WB + row * XP + 32 * tt + 128 * kb;
                 u = *(const float4*)xr;
                 v = *(const float4*)(xr + 16);
             }
-            tmb_split_unit(u, v, (uint4*)(xsplit + 1536 * (r * (KC / 32) + kb)) + l);
+            tmb_split_unit(u, v, (uint4*)(xsplit + 1536 * (q * (KC / 32) + kb)) + l);
         }
         __syncthreads();
-        auto kblock = [&](int kb) {   // fed from xsplit; the weights read once for every row group
+        const uint4* xs = (const uint4*)(xsplit + 1536 * (r * (KC / 32))) + lane;   // this warp's row group
+        auto kblock = [&](int kb) {
             const uint4 f0 = *(const uint4*)(ws + 1024 * kb + 16 * lane);         // mma step 0
             const uint4 f1 = *(const uint4*)(ws + 1024 * kb + 512 + 16 * lane);   // mma step 1
-#pragma unroll
-            for (int r = 0; r < RG; ++r)
-                if (r == 0 || r < rgn)   // a block has at least one row group
-                    tmb_kblock(dh[r], dm[r], dl[r], f0, f1, (const uint4*)(xsplit + 1536 * (r * (KC / 32) + kb)) + lane);
+            tmb_kblock(dh, dm, dl, f0, f1, xs + 96 * kb);
         };
-        if (warp < nt) {
+        if (live) {
             if (nkbs == KC / 32) {
 #pragma unroll
                 for (int kb = 0; kb < KC / 32; ++kb) kblock(kb);
@@ -543,17 +545,11 @@ __device__ __forceinline__ void gemv_tmb_body(const bf16_t* __restrict__ W, cons
                 for (int kb = 0; kb < nkbs; ++kb) kblock(kb);
             }
         }
-        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) {   // a chain group ends
-#pragma unroll
-            for (int r = 0; r < RG; ++r) tmb_fold(acc[r], dh[r], dm[r], dl[r]);
-        }
+        if (((s + 1) * KC) % TMB_CG == 0 || s == nst - 1) tmb_fold(acc, dh, dm, dl);   // a chain group ends
         __syncthreads();   // every warp is done with slot s % ST and xsplit before they are refilled
     }
-    if (warp >= nt) return;
-    const int nrg = row_groups(M, 8);
-#pragma unroll
-    for (int r = 0; r < RG; ++r)
-        if (r == 0 || r < rgn) tmb_finish<EPI>(acc[r], Y, ldy, N, ntiles, ks, tile, mb + 8 * r, min(8, mc - 8 * r), nrg, part, count);
+    if (!live) return;
+    tmb_finish<EPI>(acc, Y, ldy, N, ntiles, ks, tile, mb + 8 * r, min(8, mc - 8 * r), row_groups(M, 8), part, count);
 }
 #endif
 
@@ -569,7 +565,7 @@ GEMV_TMB_VARIANTS
 
 // gemv_tmb over RG row groups a block (M > 8: a batch's rows), the same order as above
 #define GEMV_TMBG_KERNEL(NW, KC, ST, RG, EPI)                                                                         \
-    extern "C" __global__ void __launch_bounds__(NW * 32)                                                             \
+    extern "C" __global__ void __launch_bounds__(NW * RG * 32)                                                             \
         gemv_tmb_w##NW##_c##KC##_s##ST##_g##RG##_e##EPI(const bf16_t* __restrict__ W, const float* __restrict__ X,     \
                                                         int ldx, float* __restrict__ Y, int ldy, int N, int K, int M,  \
                                                         int ntiles, int ks, float4* __restrict__ part,                 \

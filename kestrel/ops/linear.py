@@ -49,12 +49,13 @@ KSPLIT_MIN_K = 4096            # the CUDA-core kernel splits a row's K over 2 wa
 TMB_CG = 256
 TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 # gemv_tmb over RG row groups of 8 a block (NW, KC, ST, RG), for launches of more than 8 rows (a
-# batch's): a block reads its tiles once for 8·RG rows, where one row group a block re-reads them
-# (from L2) for every further 8 rows. The same order as TMB_SHAPES (RG changes which block holds a
-# row group, not its arithmetic), so tmb_kernel takes it for every M > 8. tmbg_shape picks the least
-# RG that holds all the rows, else the widest; KC = 128 at RG = 8 keeps the ring and the split
-# activations within shared memory (dev/bench_rows.py measures it against one row group a block).
-TMBG_SHAPES = ((4, 256, 2, 2), (4, 256, 2, 4), (4, 128, 2, 8))
+# batch's): NW·RG warps, each one (tile, row group), share a stage's weights in shared memory, so a
+# block reads its tiles once for 8·RG rows where one row group a block re-reads them for every
+# further 8 rows. The same order as TMB_SHAPES (RG changes which block and warp hold a row group,
+# not its arithmetic), so tmb_kernel takes it for every M > 8: tmbg_shape(M) picks from TMBG_PICK,
+# by the widest M each serves. TMBG_SHAPES are every compiled shape (dev/bench_rows.py times them all).
+TMBG_PICK = {16: (4, 128, 2, 2), 32: (4, 128, 2, 4), 64: (4, 128, 2, 8)}
+TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | {(4, 256, 2, 2), (2, 256, 2, 4), (2, 128, 2, 8)}))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
 TMB_KSPLIT_MIN_K = 2048        # tmb_ksplit: so is a row shorter than this
@@ -187,8 +188,8 @@ def tmb_smem(nw: int, kc: int, st: int, rg: int = 1) -> int:
 
 def tmbg_shape(M: int) -> tuple:
     """The engine's gemv_tmb shape over several row groups a block, for an M-row launch (M > 8):
-    the least RG that takes all M rows in one block, else the widest. Bits do not depend on it."""
-    return next((s for s in TMBG_SHAPES if 8 * s[3] >= M), TMBG_SHAPES[-1])
+    TMBG_PICK's entry for the least M at least this one, else its widest. Bits do not depend on it."""
+    return next((v for m, v in sorted(TMBG_PICK.items()) if M <= m), TMBG_PICK[max(TMBG_PICK)])
 
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
@@ -252,7 +253,7 @@ def _tiled_launch(kind: str, shape: tuple, ks: int, W, tiled, X, Y, M: int, K: i
     if kind == "tmb":
         nw, kc, st, rg = (*shape, 1) if len(shape) == 3 else shape
         fn = fn or L.kernel("linear", f"gemv_tmb_w{nw}_c{kc}_s{st}{f'_g{rg}' if rg > 1 else ''}_e{epi}")
-        sm, per_block, block, rows = L.smem(fn, tmb_smem(nw, kc, st, rg), name), nw, 32 * nw, 8 * rg
+        sm, per_block, block, rows = L.smem(fn, tmb_smem(nw, kc, st, rg), name), nw, 32 * nw * rg, 8 * rg
     else:
         t, p = shape
         fn = fn or L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{epi}")

@@ -398,11 +398,15 @@ def test_gemv_tmb_row_groups(be, rng, ks):
 
 
 def test_tmbg_shape_rule():
-    """The row-group kernel takes the least RG that holds every row in one block, else the widest;
-    every compiled tiled shape fits the shared memory one block may have."""
+    """The row-group kernel's shape for M rows is TMBG_PICK's for the least M at least that, else its
+    widest; every pick is compiled; every compiled tiled shape fits the shared memory one block may
+    have, in at most 1024 threads."""
     from kestrel import nvrtc as L
-    assert linear.tmbg_shape(9)[3] == 2 and linear.tmbg_shape(16)[3] == 2 and linear.tmbg_shape(17)[3] == 4
-    assert linear.tmbg_shape(64)[3] == 8 and linear.tmbg_shape(500) == linear.TMBG_SHAPES[-1]
+    assert linear.tmbg_shape(9) == linear.tmbg_shape(16) == linear.TMBG_PICK[16]
+    assert linear.tmbg_shape(17) == linear.TMBG_PICK[32] and linear.tmbg_shape(64) == linear.TMBG_PICK[64]
+    assert linear.tmbg_shape(500) == linear.TMBG_PICK[max(linear.TMBG_PICK)]
+    assert set(linear.TMBG_PICK.values()) <= set(linear.TMBG_SHAPES)
+    assert all(s[0] * s[3] * 32 <= 1024 for s in linear.TMBG_SHAPES)
     for s in linear.TMB_SHAPES + linear.TMBG_SHAPES:
         assert linear.tmb_smem(*s) + 1024 <= L.SMEM_MAX, s
         assert linear.TMB_CG % s[1] == 0, s
