@@ -53,9 +53,15 @@ TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 # block reads its tiles once for 8·RG rows where one row group a block re-reads them for every
 # further 8 rows. The same order as TMB_SHAPES (RG changes which block and warp hold a row group,
 # not its arithmetic), so tmb_kernel takes it for every M > 8: tmbg_shape(M) picks from TMBG_PICK,
-# by the widest M each serves. TMBG_SHAPES are every compiled shape (dev/bench_rows.py times them all).
-TMBG_PICK = {16: (4, 128, 2, 2), 32: (4, 128, 2, 4), 64: (4, 128, 2, 8)}
-TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | {(4, 256, 2, 2), (2, 256, 2, 4), (2, 128, 2, 8)}))
+# by the widest M each serves. TMBG_SHAPES are every compiled shape (dev/bench_rows.py times them
+# all). Two row groups a block at KC = 128 (8 warps, three blocks a multiprocessor), timed on an
+# H100 for five 9B and 27B matrices, was the fastest of the compiled shapes at M = 64 for all five,
+# at M = 16 for four (the fifth 5 % behind one row group a block) and at M = 32 for three (the 27B
+# down and out projections 19 and 21 % behind four row groups a block); eight row groups a block
+# lost everywhere (dev/results/bench_rows_h100_warp_per_group.json, results/cuda_notes.md).
+TMBG_PICK = {64: (4, 128, 2, 2)}
+TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | {(4, 256, 2, 2), (4, 128, 2, 4), (4, 128, 2, 8), (2, 256, 2, 4),
+                                                       (2, 128, 2, 8)}))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
 TMB_KSPLIT_MIN_K = 2048        # tmb_ksplit: so is a row shorter than this

@@ -402,9 +402,11 @@ def test_tmbg_shape_rule():
     widest; every pick is compiled; every compiled tiled shape fits the shared memory one block may
     have, in at most 1024 threads."""
     from kestrel import nvrtc as L
-    assert linear.tmbg_shape(9) == linear.tmbg_shape(16) == linear.TMBG_PICK[16]
-    assert linear.tmbg_shape(17) == linear.TMBG_PICK[32] and linear.tmbg_shape(64) == linear.TMBG_PICK[64]
-    assert linear.tmbg_shape(500) == linear.TMBG_PICK[max(linear.TMBG_PICK)]
+    pick = sorted(linear.TMBG_PICK.items())
+    for M in (9, 16, 17, 31, 32, 33, 63, 64):
+        assert linear.tmbg_shape(M) == next((v for m, v in pick if M <= m), pick[-1][1]), M
+    assert linear.tmbg_shape(500) == pick[-1][1]
+    assert linear.tmb_kernel(100, 1, "store", 9) == ("tmb", linear.tmbg_shape(9))
     assert set(linear.TMBG_PICK.values()) <= set(linear.TMBG_SHAPES)
     assert all(s[0] * s[3] * 32 <= 1024 for s in linear.TMBG_SHAPES)
     for s in linear.TMB_SHAPES + linear.TMBG_SHAPES:
