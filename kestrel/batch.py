@@ -45,6 +45,8 @@ import numpy as np
 
 from . import inputs
 from .engine import Engine, Step
+from .memory import ensure_fits
+from .state import DeviceState
 from .errors import DeviceError, KestrelError, SlotError
 from .model import Model
 
@@ -61,7 +63,12 @@ class BatchEngine:
             raise DeviceError(f"BatchEngine: the {model.be.name} backend has no batched pass yet (the CPU has one)")
         n = inputs.count(slots, "slots", 1, MAX_SLOTS)
         self.model = model
-        self._engines = [Engine(model, max_seq=max_seq, mmax=mmax, batch=batch) for _ in range(n)]
+        first = Engine(model, max_seq=max_seq, mmax=mmax, batch=batch)   # checks the arguments and one slot
+        # the other slots, all at once: refused whole rather than out of memory after some of them
+        ensure_fits((n - 1) * DeviceState.bytes_needed(model.cfg, first.max_seq, first.nslots, model.has_mtp),
+                    f"a BatchEngine of {n} slots of {model.cfg.name} (max_seq={first.max_seq}, mmax={first.mmax})",
+                    model.be.name)
+        self._engines = [first] + [Engine(model, max_seq=max_seq, mmax=mmax, batch=batch) for _ in range(n - 1)]
         self._live: set = set()
 
     # ---- slots -----------------------------------------------------------------------------

@@ -206,6 +206,25 @@ def test_speculative_mixed_batch_every_policy(model, rng, trial):
     assert any(len(set(kinds)) > 1 for kinds in seen)        # passes did mix strategies
 
 
+def test_a_batch_too_large_for_memory_is_refused_whole(tiny, monkeypatch):
+    """A BatchEngine whose slots' states do not all fit is refused with InsufficientMemoryError
+    naming the batch, once its first slot has checked the arguments, not out of memory halfway
+    through its slots; one that fits is made."""
+    from kestrel import memory
+    from kestrel.state import DeviceState
+    one = DeviceState.bytes_needed(tiny.cfg, 32, 4, tiny.has_mtp)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(2.5 * one))
+    made = []
+    real = kestrel.batch.Engine
+    monkeypatch.setattr(kestrel.batch, "Engine", lambda *a, **k: made.append(1) or real(*a, **k))
+    with pytest.raises(kestrel.InsufficientMemoryError, match="BatchEngine of 4 slots"):
+        kestrel.BatchEngine(tiny, slots=4, max_seq=32, mmax=3)
+    assert len(made) == 1
+    assert kestrel.BatchEngine(tiny, slots=3, max_seq=32, mmax=3).slots == 3
+    with pytest.raises(kestrel.KestrelError, match="mmax"):
+        kestrel.BatchEngine(tiny, slots=4, max_seq=32, mmax=0)
+
+
 def test_bad_input_for_one_slot_changes_no_slot(tiny, rng):
     """A bad call for one slot (a wrong position, an out-of-range token, too many rows, a freed
     or unknown slot, an n past the pending verify) raises a named error and
