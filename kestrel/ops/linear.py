@@ -9,13 +9,14 @@ order fixed by K alone (its header says how).
 
 GPU kernels (kernels/linear.cu), one order per engine option (CUDABackend's KernelOptions.gemv):
 "fma", the CUDA-core GEMV (fp32 FMA, every weight dtype); "tmb", for bf16 weights, tensor cores
-(activation rows padded to 8 columns, x split exactly into three bf16 terms, so its cost and its
-arithmetic do not depend on M) on weights stored tiled in fragment order (tmb_tiled; the engine
-keeps one tiled copy per matrix beside the original, CUDABackend.tiled, about the weights' size
-again; sm_90 and later). "tmb" is two kernels with one order, so one set of bits, and tmb_kernel
-picks one per matrix: gemv_tmr, each warp loading its tile's weights straight into registers,
-where its warps hold the whole matrix at once, and gemv_tmb, fed by bulk copies into shared
-memory, for matrices of many waves (the 27B gate|up, the head). fp32 weights, and bf16 matrices
+(activation rows padded to 8 columns, x split exactly into three bf16 terms, so its arithmetic
+does not depend on M) on weights stored tiled in fragment order (tmb_tiled; the engine keeps one
+tiled copy per matrix beside the original, CUDABackend.tiled, about the weights' size again, or
+instead of it under the kernel option tiled_only; sm_90 and later). "tmb" is two kernels with one
+order, so one set of bits, and tmb_kernel picks one per matrix and M: gemv_tmr, each warp loading
+its tile's weights straight into registers, where its warps hold the whole matrix at once, and
+gemv_tmb, fed by bulk copies into shared memory, for matrices of many waves (the 27B gate|up, the
+head) and for every launch of more than 8 rows (a batch's), several row groups a block. fp32 weights, and bf16 matrices
 whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take the
 CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4 elements /
 16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; "fma" and "tmb" differ
