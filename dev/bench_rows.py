@@ -34,6 +34,11 @@ SHAPES = [  # label, output rows N, K, epilogue: the 27B and 9B programs' larges
 ]
 
 
+def shape_name(shape) -> str:
+    """A row-group shape's variant name, "g<NW>_<KC>_<ST>_<RG>" (launch_of reads it back)."""
+    return "g" + "_".join(str(v) for v in shape)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None)
@@ -68,7 +73,7 @@ def main():
                 return linear._tiled_launch("tmb", shape, ks, W, tiled, X[:M], y, M, K, K, nout, epi, half)
             return linear.gemv_launch(W, X[:M], y, M, K, K, nout, epi, half, gemv=kind, tiled=tiled)
 
-        shapes = ["g" + "_".join(str(v) for v in sh) for sh in linear.TMBG_SHAPES]
+        shapes = [shape_name(sh) for sh in linear.TMBG_SHAPES]
         for gemv in (*linear.GEMVS, "tmb1", *shapes):
             alone = None
             for M in ms:
@@ -93,8 +98,7 @@ def main():
                         L.go(launch, be.stream)
                 t = time_cupy_graph(cp, be.stream, issue, len(ls), a.reps)
                 r = {"shape": label, "N": N, "K": K, "gemv": gemv, "M": M, "us": t["us"],
-                     "engine_pick": gemv == "tmb" or (gemv.startswith("g") and M > 8
-                                                      and "g" + "_".join(map(str, linear.tmbg_shape(M))) == gemv),
+                     "engine_pick": gemv in ("tmb", shape_name(linear.tmbg_shape(M))),
                      "GBps": W.nbytes / (t["us"] * 1e-6) / 1e9, "rows_as_alone": same}
                 rows.append(r)
                 print(f"{label:22s} {gemv:12s} M={M:3d} {t['us']:9.1f} us {r['GBps']:7.0f} GB/s  "

@@ -85,8 +85,11 @@ def main(argv=None):
                     help="with --gemv tmb: keep each projection only as its tiled copy (kernel option tiled_only)")
     a = ap.parse_args(argv)
     kw = {"dtype": a.dtype} if a.dtype else {}
-    if a.gemv or a.tiled_only:
-        kw["kernels"] = {k: v for k, v in (("gemv", a.gemv), ("tiled_only", a.tiled_only or None)) if v}
+    kernels = {"gemv": a.gemv} if a.gemv else {}
+    if a.tiled_only:
+        kernels["tiled_only"] = True
+    if kernels:
+        kw["kernels"] = kernels
     model = kestrel.load(a.preset, device=a.device, **kw)
     rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print)
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)

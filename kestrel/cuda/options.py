@@ -51,9 +51,13 @@ class KernelOptions:
             raise DeviceError(f"kernel option pdl_order={self.pdl_order!r}: expected one of {', '.join(PDL_ORDERS)}")
         if self.tiled_only is not None and not isinstance(self.tiled_only, bool):
             raise DeviceError(f"kernel option tiled_only={self.tiled_only!r}: expected True, False or None")
-        if self.tiled_only and self.gemv is not None and self.gemv != "tmb":
+        if self.gemv is not None:
+            self._check_tiled_only(self.gemv)
+
+    def _check_tiled_only(self, gemv: str):
+        if self.tiled_only and gemv != "tmb":
             raise DeviceError(f"kernel option tiled_only=True needs gemv='tmb' (the tiled copy is its kernel's "
-                              f"layout), not gemv={self.gemv!r}")
+                              f"layout), not gemv={gemv!r}")
 
     @classmethod
     def of(cls, kernels) -> "KernelOptions":
@@ -77,8 +81,7 @@ class KernelOptions:
         recur = self.gdn_recur or settings.get("KESTREL_GDN_RECUR")
         pdl = self.pdl if self.pdl is not None else settings.get("KESTREL_PDL") != "0"
         order = self.pdl_order or settings.get("KESTREL_PDL_ORDER") or PDL_ORDER_OF_GEMV.get(gemv, "launch-first")
-        if self.tiled_only and gemv != "tmb":
-            raise DeviceError(f"kernel option tiled_only=True needs gemv='tmb', not gemv={gemv!r}")
+        self._check_tiled_only(gemv)     # the GEMV may have come from the defaults
         tiled_only = self.tiled_only if self.tiled_only is not None else (
             gemv == "tmb" and settings.get("KESTREL_TILED_ONLY") == "1")
         return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported, pdl_order=order,

@@ -22,8 +22,8 @@ def drop_original(model, stacks: dict, W, tiled) -> bool:
         return isinstance(a, cp.ndarray) and a.size and lo <= int(a.data.ptr) < hi
 
     emb = model.w.get("embed_tokens.weight")
-    if inside(emb) or (isinstance(emb, cp.ndarray) and int(emb.data.ptr) <= lo < int(emb.data.ptr) + emb.nbytes):
-        return False
+    if isinstance(emb, cp.ndarray) and int(emb.data.ptr) < hi and lo < int(emb.data.ptr) + int(emb.nbytes):
+        return False     # W and the embedding share memory
 
     def marker(name, a):
         same = int(a.data.ptr) == lo and a.shape == W.shape

@@ -175,7 +175,6 @@ class TiledOnly:
     def __init__(self, name: str, shape: tuple, tiled=None):
         self.name, self.shape, self.tiled = name, tuple(shape), tiled
         self.dtype, self.ndim = np.dtype(np.uint16), len(shape)
-        self.nbytes = 0 if tiled is None else int(tiled.nbytes)
 
     def _refuse(self, *args, **kwargs):
         raise ValueError(f"weight {self.name} {self.shape} is kept only as its tiled copy (kernel option "
