@@ -98,7 +98,7 @@ def main():
                         L.go(launch, be.stream)
                 t = time_cupy_graph(cp, be.stream, issue, len(ls), a.reps)
                 r = {"shape": label, "N": N, "K": K, "gemv": gemv, "M": M, "us": t["us"],
-                     "engine_pick": gemv in ("tmb", shape_name(linear.tmbg_shape(M))),
+                     "engine_pick": gemv in ("tmb", shape_name(linear.tmbg_shape(M, ks))),
                      "GBps": W.nbytes / (t["us"] * 1e-6) / 1e9, "rows_as_alone": same}
                 rows.append(r)
                 print(f"{label:22s} {gemv:12s} M={M:3d} {t['us']:9.1f} us {r['GBps']:7.0f} GB/s  "

@@ -53,15 +53,19 @@ TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 # batch's): NW·RG warps, each one (tile, row group), share a stage's weights in shared memory, so a
 # block reads its tiles once for 8·RG rows where one row group a block re-reads them for every
 # further 8 rows. The same order as TMB_SHAPES (RG changes which block and warp hold a row group,
-# not its arithmetic), so tmb_kernel takes it for every M > 8: tmbg_shape(M) picks from TMBG_PICK,
-# by the widest M each serves. TMBG_SHAPES are every compiled shape (dev/bench_rows.py times them
-# all). Two row groups a block at KC = 128 (8 warps, three blocks a multiprocessor), timed on an
-# H100 for five 9B and 27B matrices, was the fastest of the compiled shapes at M = 64 for all five,
-# at M = 16 for four (the fifth 5 % behind one row group a block) and at M = 32 for three (the 27B
-# down and out projections 19 and 21 % behind four row groups a block); eight row groups a block
-# lost everywhere (dev/results/bench_rows_h100_warp_per_group.json, results/cuda_notes.md).
+# not its arithmetic), so tmb_kernel takes it for every M > 8: tmbg_shape(M, ks) picks from
+# TMBG_PICK (a matrix in one K part) or TMBG_PICK_KSPLIT (split K), by the widest M each entry
+# serves. TMBG_SHAPES are every compiled shape (dev/bench_rows.py times them all). Timed on an H100
+# for five 9B and 27B matrices (dev/results/bench_rows_h100_warp_per_group.json, results/cuda_notes.md):
+# two row groups a block at KC = 128 (8 warps, three blocks a multiprocessor) was the fastest
+# compiled shape at M = 64 for all five and at M = 16 for four (the fifth 5 % behind one row group
+# a block); at M = 32 it was fastest for the three matrices of many tiles, while the two K-split
+# matrices of few tiles (the 27B down and out projections) ran 19 and 21 % faster on four row
+# groups a block, whose fewer blocks still cover the multiprocessors there. Eight row groups a
+# block lost everywhere.
 TMBG_PICK = {64: (4, 128, 2, 2)}
-TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | {(4, 256, 2, 2), (4, 128, 2, 4), (4, 128, 2, 8), (2, 256, 2, 4),
+TMBG_PICK_KSPLIT = {16: (4, 128, 2, 2), 32: (4, 128, 2, 4), 64: (4, 128, 2, 2)}
+TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | set(TMBG_PICK_KSPLIT.values()) | {(4, 256, 2, 2), (4, 128, 2, 4), (4, 128, 2, 8), (2, 256, 2, 4),
                                                        (2, 128, 2, 8)}))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
@@ -192,10 +196,12 @@ def tmb_smem(nw: int, kc: int, st: int, rg: int = 1) -> int:
     return st * (nw * 32 * kc + 8 * rg * (4 * kc + 16)) + rg * (kc // 32) * 1536
 
 
-def tmbg_shape(M: int) -> tuple:
-    """The engine's gemv_tmb shape over several row groups a block, for an M-row launch (M > 8):
-    TMBG_PICK's entry for the least M at least this one, else its widest. Bits do not depend on it."""
-    return next((v for m, v in sorted(TMBG_PICK.items()) if M <= m), TMBG_PICK[max(TMBG_PICK)])
+def tmbg_shape(M: int, ks: int = 1) -> tuple:
+    """The engine's gemv_tmb shape over several row groups a block, for an M-row launch (M > 8) on a
+    matrix split ks ways: the pick table's (TMBG_PICK, or TMBG_PICK_KSPLIT when ks > 1) entry for
+    the least M at least this one, else its widest. Bits do not depend on it."""
+    pick = TMBG_PICK_KSPLIT if ks > 1 else TMBG_PICK
+    return next((v for m, v in sorted(pick.items()) if M <= m), pick[max(pick)])
 
 
 def tmb_shape(tiles: int, ks: int) -> tuple:
@@ -279,14 +285,14 @@ def tmr_shape(tiles: int, ks: int) -> tuple:
 
 def tmb_kernel(tiles: int, ks: int, epilogue: str = "store", M: int = 1) -> tuple:
     """The engine's kernel for an M-row launch on a tiled matrix of `tiles` tiles split ks ways.
-    M > 8 (a batch): ("tmb", tmbg_shape(M)), each block reading its tiles once for up to 64 rows.
+    M > 8 (a batch): ("tmb", tmbg_shape(M, ks)), each block reading its tiles once for up to 64 rows.
     M <= 8: ("tmr", tmr_shape) where all of gemv_tmr's blocks fit on the GPU at once, else
     ("tmb", tmb_shape).
     gemv_tmr keeps P KB a warp in flight, so one wave streams at full rate, but a second, partial
     wave runs its few warps alone (the 27B gate|up is slower on it: results/cuda_notes.md); gemv_tmb,
     whose copies need few warps, streams many waves better. Bits do not depend on the choice."""
     if M > 8:
-        return "tmb", tmbg_shape(M)
+        return "tmb", tmbg_shape(M, ks)
     t, p = tmr_shape(tiles, ks)
     fn = L.kernel("linear", f"gemv_tmr_t{t}_p{p}_e{EPI[epilogue]}")
     slots = _device()["sms"] * L.blocks_per_sm(fn, 32 * (t + 1))

@@ -398,16 +398,19 @@ def test_gemv_tmb_row_groups(be, rng, ks):
 
 
 def test_tmbg_shape_rule():
-    """The row-group kernel's shape for M rows is TMBG_PICK's for the least M at least that, else its
-    widest; every pick is compiled; every compiled tiled shape fits the shared memory one block may
-    have, in at most 1024 threads."""
+    """The row-group kernel's shape for M rows is its pick table's (TMBG_PICK for a matrix in one K
+    part, TMBG_PICK_KSPLIT for a split one) for the least M at least that, else its widest; every
+    pick is compiled; every compiled tiled shape fits the shared memory one block may have, in at
+    most 1024 threads."""
     from kestrel import nvrtc as L
-    pick = sorted(linear.TMBG_PICK.items())
-    for M in (9, 16, 17, 31, 32, 33, 63, 64):
-        assert linear.tmbg_shape(M) == next((v for m, v in pick if M <= m), pick[-1][1]), M
-    assert linear.tmbg_shape(500) == pick[-1][1]
-    assert linear.tmb_kernel(100, 1, "store", 9) == ("tmb", linear.tmbg_shape(9))
-    assert set(linear.TMBG_PICK.values()) <= set(linear.TMBG_SHAPES)
+    for ks, table in ((1, linear.TMBG_PICK), (2, linear.TMBG_PICK_KSPLIT), (3, linear.TMBG_PICK_KSPLIT)):
+        pick = sorted(table.items())
+        for M in (9, 16, 17, 31, 32, 33, 63, 64):
+            assert linear.tmbg_shape(M, ks) == next((v for m, v in pick if M <= m), pick[-1][1]), (M, ks)
+        assert linear.tmbg_shape(500, ks) == pick[-1][1]
+        assert linear.tmb_kernel(100, ks, "store", 9) == ("tmb", linear.tmbg_shape(9, ks))
+        assert set(table.values()) <= set(linear.TMBG_SHAPES)
+    assert linear.tmbg_shape(24, 3) != linear.tmbg_shape(24, 1)   # split matrices take their own pick
     assert all(s[0] * s[3] * 32 <= 1024 for s in linear.TMBG_SHAPES)
     for s in linear.TMB_SHAPES + linear.TMBG_SHAPES:
         assert linear.tmb_smem(*s) + 1024 <= L.SMEM_MAX, s
