@@ -65,6 +65,24 @@ def render(d: dict) -> str:
         for B, r in sorted(g.items()):
             L.append(f"| {B} | {r['ms_per_token']:.3f} | {r['ms_per_token'] / fl['ms']:.2f} | {r['tokens_per_s']:.1f} | "
                      f"{r['tokens_per_s'] / one['tokens_per_s']:.1f} |")
+    uc = d.get("unit_costs")
+    if uc:
+        k = uc[0]["k"]
+        ns = range(1, k + 1)
+        L += ["", "## One round's passes, each timed alone", "",
+              f"Each pass over all B sequences at k = {k} rows a sequence, timed alone between a mark and a rollback "
+              f"(median of {uc[0]['reps']}; kestrel/lab/batching.py unit_costs), ms. A checkpointed round pays "
+              "`verify (ckpt)` + `select n`, a cached round `verify (cached)` + `fold n`, n the rows a sequence keeps; "
+              "`ckpt - cached` is the first minus the second at each n (above 0: the input cache's round is cheaper).",
+              "", "| B | greedy pass | verify (ckpt) | " + " | ".join(f"select {n}" for n in ns) + " | verify (cached) | "
+              + " | ".join(f"fold {n}" for n in ns) + " | " + " | ".join(f"ckpt - cached, n = {n}" for n in ns) + " |",
+              "|---|---|---|" + "---|" * (3 * k + 1)]
+        for u in uc:
+            sel, fold = ({int(n): v for n, v in u[key].items()} for key in ("select", "fold"))
+            diff = [(u["verify_ckpt"] + sel[n]) - (u["verify_cached"] + fold[n]) for n in ns]
+            L.append(f"| {u['B']} | {u['step']:.3f} | {u['verify_ckpt']:.3f} | "
+                     + " | ".join(f"{sel[n]:.3f}" for n in ns) + f" | {u['verify_cached']:.3f} | "
+                     + " | ".join(f"{fold[n]:.3f}" for n in ns) + " | " + " | ".join(f"{x:+.3f}" for x in diff) + " |")
     return "\n".join(L) + "\n"
 
 
@@ -83,6 +101,8 @@ def main(argv=None):
     ap.add_argument("--gemv", default=None, help="the CUDA backend's bf16 GEMV (kernel option gemv)")
     ap.add_argument("--tiled-only", action="store_true",
                     help="with --gemv tmb: keep each projection only as its tiled copy (kernel option tiled_only)")
+    ap.add_argument("--no-unit-costs", action="store_true",
+                    help="skip timing one round's passes alone (with checkpoint and input-cache among the policies)")
     a = ap.parse_args(argv)
     kw = {"dtype": a.dtype} if a.dtype else {}
     kernels = {"gemv": a.gemv} if a.gemv else {}
@@ -94,6 +114,14 @@ def main(argv=None):
     rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print)
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)
         rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print)
+    units = []
+    if {"checkpoint", "input-cache"} <= set(a.policies) and not a.no_unit_costs:
+        for B in a.B:              # what a round of each pays, pass by pass, at the largest k
+            units.append(batching.unit_costs(model, B, max(a.k)))
+            u = units[-1]
+            print(f"B={B:4d} k={u['k']} passes (ms): greedy {u['step']:.3f}  verify ckpt {u['verify_ckpt']:.3f} + select "
+                  + "/".join(f"{v:.3f}" for v in u["select"].values()) + f"  verify cached {u['verify_cached']:.3f} + "
+                  "fold " + "/".join(f"{v:.3f}" for v in u["fold"].values()))
     bw = roofline.read_bandwidth(model.be)
     wb = roofline.weight_bytes(model.cfg, model.weight_dtype)
     floor = {"weight_bytes": wb, "Bps": bw["Bps"], "kind": bw["kind"], "ms": wb / bw["Bps"] * 1e3}
@@ -104,6 +132,8 @@ def main(argv=None):
     d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained", "rows": rows,
          "weights": model.weight_dtype, "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(),
          "floor": floor}
+    if units:
+        d["unit_costs"] = units
     path = results.write(a.out, "bench_batch", d, render, prov)
     print(f"wrote {path}")
     return path

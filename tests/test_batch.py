@@ -468,7 +468,52 @@ def test_bench_batch_script_writes_its_table(tmp_path):
     assert [(r["B"], r["mode"]) for r in d["rows"]] == [(1, "greedy"), (1, "checkpoint"), (1, "input-cache"),
                                                        (3, "greedy"), (3, "checkpoint"), (3, "input-cache")]
     assert all(r["bit_exact"] for r in d["rows"])
-    assert "| 3 | input-cache | 2 |" in (tmp_path / "bench_batch.md").read_text()
+    md = (tmp_path / "bench_batch.md").read_text()
+    assert "| 3 | input-cache | 2 |" in md
+    # one round's passes at each B, at the largest k: a finite positive time for every pass and n
+    assert [(u["B"], u["k"]) for u in d["unit_costs"]] == [(1, 2), (3, 2)]
+    for u in d["unit_costs"]:
+        times = [u["step"], u["verify_ckpt"], u["verify_cached"], *u["select"].values(), *u["fold"].values()]
+        assert sorted(u["select"]) == sorted(u["fold"]) == ["1", "2"] and all(0 < t < 1e6 for t in times)
+    assert "## One round's passes, each timed alone" in md and "| 3 | " in md.split("each timed alone")[1]
+
+
+def test_unit_costs_leave_the_slots_where_they_began(tiny_cpu, monkeypatch):
+    """batching.unit_costs times each pass between a mark and a rollback of every slot: after every
+    timed call each slot's live state (its ring slot's S and conv window), cursors and attention
+    lengths are bit-identical to what they were before the first, with nothing pending."""
+    from kestrel.lab import batching
+    made, checked = [], []
+    real = kestrel.BatchEngine
+
+    class Watched(real):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+    monkeypatch.setattr(kestrel, "BatchEngine", Watched)
+    real_rollback = kestrel.Engine.rollback
+
+    def live(eng):
+        d = eng.snapshot_state()
+        return {"S": d["S"][d["slot"]].copy(), "hist": d["hist"][d["slot"]].copy(), "cursor": d["cursor"],
+                "attn_len": d["attn_len"], "mtp_cursor": d["mtp_cursor"], "pending": d["pending"]}
+
+    def rollback(eng):
+        real_rollback(eng)
+        be = made[-1]
+        if eng is be.slot(be.active[-1]):      # the last slot rolled back: the whole batch is back
+            checked.append([live(be.slot(s)) for s in be.active])
+    monkeypatch.setattr(kestrel.Engine, "rollback", rollback)
+    u = batching.unit_costs(tiny_cpu, 2, 2, reps=1)
+    assert u["B"] == 2 and len(checked) == 3 * 7    # (2 warm-ups + 1) x (step, 2 verifies, 2 selects, 2 folds)
+    first = checked[0]
+    assert all(f["pending"] is None for f in first)
+    for snap in checked[1:]:
+        for a, b in zip(snap, first):
+            assert a.keys() == b.keys()
+            for name in a:
+                assert np.array_equal(np.asarray(a[name]), np.asarray(b[name])) if name in ("S", "hist") \
+                    else a[name] == b[name], name
 
 
 def test_segment_tables_give_each_sequence_its_own_entry(rng):

@@ -107,6 +107,71 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
     return rows
 
 
+def unit_costs(model, B: int, k: int, reps: int = 5, prompt_len: int = 16, seed: int = 0) -> dict:
+    """One round's passes at batch size B, each timed alone (device events on a GPU; the median of
+    `reps` after two warm-ups), every slot with k rows: what a round of each undo strategy pays.
+
+        step        a greedy pass, one row a slot
+        verify_ckpt a checkpointed verify (k rows a slot, a GDN state written after each row)
+        select[n]   select_checkpoint with n kept in every slot (the chosen state made live)
+        verify_cached a cached verify (k rows a slot, the recurrence's inputs kept)
+        fold[n]     fold_cached with n in every slot (the recurrence re-run over n cached rows)
+
+    A checkpointed round costs verify_ckpt + select[n], a cached one verify_cached + fold[n]. Every
+    call runs between a mark and a rollback of each slot, so the slots end where they began."""
+    be_ = model.be
+    prompts = prompts_for(model, B, prompt_len, seed)
+    need = max(len(p) for p in prompts) + 2 * k + 4
+    eng = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=k, batch="flex")
+    eng.prepare(("step", "verify_checkpointed", "verify_cached"))
+    slots = [eng.join(p)[0] for p in prompts]
+    rng = np.random.default_rng(seed + 7)
+    toks = {s: [int(t) for t in rng.integers(0, model.cfg.vocab_size, k)] for s in slots}
+
+    def calls(kind, m):
+        return {s: (kind, eng.cursor(s), toks[s][:m]) for s in slots}
+
+    def mark():
+        for s in slots:
+            eng.slot(s).mark()
+
+    def rollback():
+        for s in slots:
+            eng.slot(s).rollback()
+
+    def timed(fn, before=None, after=None):
+        xs = []
+        for _ in range(2 + reps):
+            mark()
+            if before:
+                before()
+            be_.sync()
+            t0 = be_.now()
+            fn()
+            t1 = be_.now()
+            xs.append(be_.elapsed_ms(t0, t1))
+            if after:
+                after()
+            rollback()
+        return float(np.median(xs[2:]))
+
+    none = {s: 0 for s in slots}
+    out = {"B": B, "k": k, "reps": reps, "step": timed(lambda: eng.forward(calls("step", 1))),
+           "verify_ckpt": timed(lambda: eng.forward(calls("verify_checkpointed", k)),
+                                after=lambda: eng.select_checkpoint(none)),
+           "select": {n: timed(lambda n=n: eng.select_checkpoint({s: n for s in slots}),
+                               before=lambda: eng.forward(calls("verify_checkpointed", k)))
+                      for n in range(1, k + 1)},
+           "verify_cached": timed(lambda: eng.forward(calls("verify_cached", k)),
+                                  after=lambda: eng.fold_cached(none)),
+           "fold": {n: timed(lambda n=n: eng.fold_cached({s: n for s in slots}),
+                             before=lambda: eng.forward(calls("verify_cached", k)))
+                    for n in range(1, k + 1)}}
+    del eng
+    gc.collect()
+    return out
+
+
 @contextlib.contextmanager
 def order_depends_on_batch():
     """The negative control (chapter 9): while open, the CPU projection sums each dot product
