@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from kestrel.lab import results  # noqa: E402
 from kestrel import settings  # noqa: E402
 from kestrel.lab.results import repo_relative  # noqa: E402
+from kestrel.lab.roofline import timed_ms as timed  # noqa: E402
 from kestrel.program import param_count  # noqa: E402
 
 QWEN = ["qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
@@ -144,23 +145,6 @@ def kernel_breakdown(be, plan, reps=3, R=8):
         if a["weight_bytes"]:
             a["GBps"] = a["weight_bytes"] / (a["ms"] * 1e-3) / 1e9
     return {"kernels": agg, "sum_ms": total, "launches": len(plan.launches), "repeat": R}
-
-
-def timed(be, fn, reps, warm=3, before=None, after=None):
-    out = []
-    for r in range(warm + reps):
-        if before:
-            before()
-        be.sync()
-        a = be.now()
-        fn()
-        b = be.now()
-        ms = be.elapsed_ms(a, b)
-        if after:
-            after()
-        if r >= warm:
-            out.append(ms)
-    return out
 
 
 def bench_preset(be, name: str, dtype: str, bw_gbps: float, ntok: int, reps: int, rng) -> dict:

@@ -24,6 +24,7 @@ import kestrel
 from kestrel import speculative as spec
 from kestrel.ops import linear as _linear
 from kestrel.speculative.policy import Policy, recurrent_bytes
+from . import roofline
 from .sweep import plan_work
 
 
@@ -140,20 +141,16 @@ def unit_costs(model, B: int, k: int, reps: int = 5, prompt_len: int = 16, seed:
             eng.slot(s).rollback()
 
     def timed(fn, before=None, after=None):
-        xs = []
-        for _ in range(2 + reps):
+        def setup():
             mark()
             if before:
                 before()
-            be_.sync()
-            t0 = be_.now()
-            fn()
-            t1 = be_.now()
-            xs.append(be_.elapsed_ms(t0, t1))
+
+        def undo():
             if after:
                 after()
             rollback()
-        return float(np.median(xs[2:]))
+        return float(np.median(roofline.timed_ms(be_, fn, reps, warm=2, before=setup, after=undo)))
 
     none = {s: 0 for s in slots}
     out = {"B": B, "k": k, "reps": reps, "step": timed(lambda: eng.forward(calls("step", 1))),

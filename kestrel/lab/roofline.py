@@ -26,6 +26,25 @@ CPU_WEIGHT_LIMIT = 64 * 2 ** 20     # the largest weights a CPU sweep loads (tin
 HEADROOM = 1.25                     # GPU memory for states, caches and plans beyond the weights
 
 
+def timed_ms(be, fn, reps: int, warm: int = 3, before=None, after=None) -> list:
+    """ms of each of `reps` calls of fn() on backend `be` (device events on a GPU), after `warm`
+    untimed ones; before() and after() run around each call, outside the clock."""
+    out = []
+    for r in range(warm + reps):
+        if before:
+            before()
+        be.sync()
+        a = be.now()
+        fn()
+        b = be.now()
+        ms = be.elapsed_ms(a, b)
+        if after:
+            after()
+        if r >= warm:
+            out.append(ms)
+    return out
+
+
 def device_of(model) -> str:
     be = model.be
     return getattr(be, "device_name", be.name)
