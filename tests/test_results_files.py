@@ -122,10 +122,12 @@ def test_every_committed_results_file_loads(path):
 
 @pytest.mark.parametrize("script,stem", [("bench_gdn", "bench_gdn"), ("bench_host", "bench_host_tmb"),
                                          ("bench_engine", "bench_engine_tmb"), ("bench_spec", "bench_spec"),
-                                         ("bench_batch", "bench_batch_tiny_h100"),
+                                         ("bench_batch", "bench_batch_tiny_h100"), ("bench_peer", "bench_peer"),
                                          ("bench_batch", "bench_batch_27b_h100"),
                                          ("bench_batch", "bench_batch_9b_tmb_h100"),
                                          ("bench_batch", "bench_batch_9b_tmb_greedy_h100"),
+                                         ("bench_batch", "bench_batch_27b_tmb_passes_h100"),
+                                         ("bench_batch", "bench_batch_9b_tmb_passes_h100"),
                                          ("bench_batch", "bench_batch_27b_tmb_h100"),
                                          ("bench_batch", "bench_batch_27b_tmb_greedy_h100"),
                                          ("bench_batch", "bench_batch_tiny_h200_before_prepare"),
@@ -217,6 +219,28 @@ def test_a_damaged_results_file_raises_one_named_error(tmp_path):
             assert dataclasses.replace(getattr(got, name), path=g.path, provenance=g.provenance) == g, what
         assert got.sweep == good.sweep and got.provenance == good.provenance, what
     assert math.isfinite(good.large.units.step)
+
+
+def test_a_batch_files_passes_are_read_and_checked(tmp_path):
+    """bench_batch's round passes (unit_costs) load as BatchPasses whose rounds add up from the file;
+    a pass time that is negative or text, or select/fold timed for other n than 1..k, is refused."""
+    import json
+    src = ROOT / "results" / "bench_batch_27b_tmb_passes_h100.json"
+    d = json.loads(src.read_text())
+    b = results.load_batch(src)
+    assert [p.B for p in b.passes] == [u["B"] for u in d["unit_costs"]]
+    for p, u in zip(b.passes, d["unit_costs"]):
+        for n in range(1, p.k + 1):
+            assert p.checkpointed_round(n) == u["verify_ckpt"] + u["select"][str(n)]
+            assert p.cached_round(n) == u["verify_cached"] + u["fold"][str(n)]
+    for mutate in (lambda u: u.__setitem__("fold", {"1": 1.0}), lambda u: u.__setitem__("verify_ckpt", -1.0),
+                   lambda u: u.__setitem__("step", "fast"), lambda u: u["select"].__setitem__("9", 1.0)):
+        bad = json.loads(src.read_text())
+        mutate(bad["unit_costs"][-1])
+        p = tmp_path / "bench_batch.json"
+        p.write_text(json.dumps(bad))
+        with pytest.raises(results.ResultsFileError):
+            results.load_batch(p)
 
 
 @pytest.mark.parametrize("content", [b"", b'{"device": "x", "date": "y", "com', b"\xff\xfe{}", b"[" * 100000,

@@ -327,6 +327,25 @@ class BatchFloor:
 
 
 @dataclass(frozen=True)
+class BatchPasses:
+    """One round's passes at batch size B, each timed alone (kestrel.lab.batching.unit_costs), ms:
+    a greedy pass, the checkpointed verify and select[n], the cached verify and fold[n]."""
+    B: int
+    k: int
+    step: float
+    verify_ckpt: float
+    select: dict
+    verify_cached: float
+    fold: dict
+
+    def checkpointed_round(self, n: int) -> float:
+        return self.verify_ckpt + self.select[n]
+
+    def cached_round(self, n: int) -> float:
+        return self.verify_cached + self.fold[n]
+
+
+@dataclass(frozen=True)
 class BatchFile:
     provenance: Provenance
     path: str
@@ -337,6 +356,7 @@ class BatchFile:
     pairing: str
     rows: tuple
     floor: BatchFloor | None
+    passes: tuple = ()                # BatchPasses per B (files of runs that timed them)
 
     def greedy(self) -> dict:
         """B -> the greedy row."""
@@ -362,5 +382,14 @@ def read_batch_file(f: Field, path: str) -> BatchFile:
     if f.has("floor"):
         g = f["floor"]
         floor = BatchFloor(g["weight_bytes"].int(1), g["Bps"].num(), g["kind"].str(), g["ms"].num())
+    passes = []
+    if f.has("unit_costs"):
+        for u in f["unit_costs"].items():
+            k = u["k"].int(1)
+            sel, fold = u["select"].table(), u["fold"].table()
+            if sorted(sel) != list(range(1, k + 1)) or sorted(fold) != list(range(1, k + 1)):
+                raise ResultsFileError(f"{path}: unit_costs: select and fold are timed for n = 1..{k}")
+            passes.append(BatchPasses(u["B"].int(1), k, u["step"].num(), u["verify_ckpt"].num(), sel,
+                                      u["verify_cached"].num(), fold))
     return BatchFile(read_provenance(f), path, f["model"].str(), f.opt("weights", "str") or "fp32", f["T"].int(1),
-                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor)
+                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes))
