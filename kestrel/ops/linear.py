@@ -60,13 +60,13 @@ TMB_SHAPES = ((4, 256, 2), (3, 256, 2), (2, 256, 2))
 # two row groups a block at KC = 128 (8 warps, three blocks a multiprocessor) was the fastest
 # compiled shape at M = 64 for all five and at M = 16 for four (the fifth 5 % behind one row group
 # a block); at M = 32 it was fastest for the three matrices of many tiles, while the two K-split
-# matrices of few tiles (the 27B down and out projections) ran 19 and 21 % faster on four row
-# groups a block, whose fewer blocks still cover the multiprocessors there. Eight row groups a
-# block lost everywhere.
+# matrices of few tiles (the 27B down and out projections) took 19 and 21 % longer on it than on
+# four row groups a block, whose fewer blocks still cover the multiprocessors there. Eight row
+# groups a block lost everywhere.
 TMBG_PICK = {64: (4, 128, 2, 2)}
 TMBG_PICK_KSPLIT = {16: (4, 128, 2, 2), 32: (4, 128, 2, 4), 64: (4, 128, 2, 2)}
-TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | set(TMBG_PICK_KSPLIT.values()) | {(4, 256, 2, 2), (4, 128, 2, 4), (4, 128, 2, 8), (2, 256, 2, 4),
-                                                       (2, 128, 2, 8)}))
+TMBG_SHAPES = tuple(sorted(set(TMBG_PICK.values()) | set(TMBG_PICK_KSPLIT.values())
+                          | {(4, 256, 2, 2), (4, 128, 2, 4), (4, 128, 2, 8), (2, 256, 2, 4), (2, 128, 2, 8)}))
 TMB_KSPLITS = (1, 2, 3, 4)
 TMB_KSPLIT_TILES = 512         # tmb_ksplit: a matrix of at least this many tiles is one part
 TMB_KSPLIT_MIN_K = 2048        # tmb_ksplit: so is a row shorter than this
