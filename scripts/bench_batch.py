@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 import kestrel  # noqa: E402
 from kestrel import speculative as spec  # noqa: E402
 from kestrel.lab import batching, results, roofline  # noqa: E402
+from kestrel.lab.records_bench import BatchPasses  # noqa: E402
 
 
 def render(d: dict) -> str:
@@ -77,12 +78,11 @@ def render(d: dict) -> str:
               "", "| B | greedy pass | verify (ckpt) | " + " | ".join(f"select {n}" for n in ns) + " | verify (cached) | "
               + " | ".join(f"fold {n}" for n in ns) + " | " + " | ".join(f"ckpt - cached, n = {n}" for n in ns) + " |",
               "|---|---|---|" + "---|" * (3 * k + 1)]
-        for u in uc:
-            sel, fold = ({int(n): v for n, v in u[key].items()} for key in ("select", "fold"))
-            diff = [(u["verify_ckpt"] + sel[n]) - (u["verify_cached"] + fold[n]) for n in ns]
-            L.append(f"| {u['B']} | {u['step']:.3f} | {u['verify_ckpt']:.3f} | "
-                     + " | ".join(f"{sel[n]:.3f}" for n in ns) + f" | {u['verify_cached']:.3f} | "
-                     + " | ".join(f"{fold[n]:.3f}" for n in ns) + " | " + " | ".join(f"{x:+.3f}" for x in diff) + " |")
+        for p in map(BatchPasses.of, uc):
+            diff = [p.checkpointed_round(n) - p.cached_round(n) for n in ns]
+            L.append(f"| {p.B} | {p.step:.3f} | {p.verify_ckpt:.3f} | "
+                     + " | ".join(f"{p.select[n]:.3f}" for n in ns) + f" | {p.verify_cached:.3f} | "
+                     + " | ".join(f"{p.fold[n]:.3f}" for n in ns) + " | " + " | ".join(f"{x:+.3f}" for x in diff) + " |")
     return "\n".join(L) + "\n"
 
 

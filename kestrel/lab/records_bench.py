@@ -338,6 +338,13 @@ class BatchPasses:
     verify_cached: float
     fold: dict
 
+    @classmethod
+    def of(cls, u: dict) -> "BatchPasses":
+        """From unit_costs' dict (n keyed by int, as measured, or by str, as a file holds it; unchecked:
+        files go through read_batch_file)."""
+        return cls(u["B"], u["k"], u["step"], u["verify_ckpt"], {int(n): v for n, v in u["select"].items()},
+                   u["verify_cached"], {int(n): v for n, v in u["fold"].items()})
+
     def checkpointed_round(self, n: int) -> float:
         return self.verify_ckpt + self.select[n]
 
