@@ -39,7 +39,7 @@ Where even perfect drafts would cost more than PAY_MARGIN of a plain step a toke
 an H200: 0.90 by that file's unit costs), that error alone can make every round a loss, and the
 rounds it takes to find out cost an H100 run 8 % against greedy
 (results/bench_adaptive_h100_before_pay_margin.md, one probe round). So such a run never drafts
-(results/bench_adaptive_h100.md: level with greedy, 1.00x). Shapes where speculation does pay are far from the
+(results/bench_adaptive_h100.md: 0.99x, level with greedy timed on its own engine). Shapes where speculation does pay are far from the
 margin (by the same unit costs: 0.8B 0.64, 4B 0.52, 9B 0.47, 27B 0.39; the tiny model on a 2-core
 CPU about 0.4).
 
