@@ -443,6 +443,35 @@ def test_code_and_printed_lines_fit_the_page(path):
     assert not long, f"{path.name}: lines longer than {LINE} characters:\n" + "\n".join(long[:10])
 
 
+_INCLUDE = re.compile(r"```\{literalinclude\} (\S+)\n((?::\w+:.*\n)*)```")
+
+
+def _included_lines(path):
+    """(target, lines) of each literalinclude of a chapter: the object :pyobject: names (found
+    with ast), or the whole file, after :dedent:."""
+    import ast
+    for c in _cells(path, "markdown"):
+        for m in _INCLUDE.finditer("".join(c["source"])):
+            target = (path.parent / m.group(1)).resolve()
+            opts = dict(re.findall(r":(\w+): *(.*)", m.group(2)))
+            lines = target.read_text().splitlines()
+            if "pyobject" in opts:
+                node = ast.parse(target.read_text())
+                for part in opts["pyobject"].split("."):
+                    node = next(n for n in ast.iter_child_nodes(node) if getattr(n, "name", None) == part)
+                first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+                lines = lines[first - 1:node.end_lineno]
+            cut = int(opts.get("dedent", 0) or 0)
+            yield f"{m.group(1)}:{opts.get('pyobject', '')}", [ln[cut:] for ln in lines]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_included_source_fits_the_page(path):
+    """The package's own source shown on a page (literalinclude) fits it, as a code cell must."""
+    long = [f"{t}: {ln.strip()!r}" for t, lines in _included_lines(path) for ln in lines if len(ln) > LINE]
+    assert not long, f"{path.name}: included lines longer than {LINE} characters:\n" + "\n".join(long[:10])
+
+
 @pytest.mark.parametrize("path", CHAPTERS_1_7 + CHAPTERS_1_10[8:], ids=[p.name for p in CHAPTERS_1_7 + CHAPTERS_1_10[8:]])
 def test_plotting_code_is_collapsed(path):
     """A cell that draws a figure shows the figure and hides its code behind a toggle."""

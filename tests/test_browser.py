@@ -60,7 +60,7 @@ def _sources() -> list[Path]:
     out = [ROOT / "_config.yml", ROOT / "_toc.yml"]
     for pat in ("*.ipynb", "*.md", "_ext/*.py", "_static/*"):
         out += (ROOT / "book").glob(pat)
-    return out
+    return out + list((ROOT / "kestrel").rglob("*.py"))      # pages include the package's source
 
 
 def _ensure_built():

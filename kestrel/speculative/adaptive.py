@@ -147,7 +147,8 @@ class KChooser:
         else:
             k = min([0] + ks, key=lambda j: pred[j])
             why = "best"
-            last = next((c.k for c in reversed(self.trace) if c.k > 0 and c.reason == "best"), None)
+            last = next((c.k for c in reversed(self.trace)
+                         if c.k > 0 and c.reason == "best"), None)
             if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
                 k = last            # estimate noise would flip between near-equal k
             if k == 0 and self.plain_run >= self.gap:
@@ -157,7 +158,8 @@ class KChooser:
                         and pred[j] <= pred[k] * (1.0 + EXPLORE)]
                 if near:
                     k, why = min(near, key=lambda j: pred[j]), "explore"
-        self.trace.append(Choice(k, why, pred, tuple(self.alphas)))     # pred is shared until it changes
+        # pred is shared with the next choices until the estimate changes
+        self.trace.append(Choice(k, why, pred, tuple(self.alphas)))
         return k
 
     def observe(self, k: int, n_ok: int):
