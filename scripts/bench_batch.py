@@ -54,6 +54,10 @@ def render(d: dict) -> str:
                  f"{r['speedup']:.2f}x | {r.get('tokens_per_round', 1.0):.2f} | {moved} | "
                  f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |"
                  + (f" {r.get('plans_lowered_or_captured_while_timed', '')} |" if made else ""))
+    if d.get("did_not_fit"):
+        L += ["", "Not measured, because the run's engine did not fit in the device's memory: "
+              + "; ".join(f"B = {u['B']} {u['mode']}" + (f" k = {u['k']}" if u["k"] else "") + f" ({u['error']})"
+                          for u in d["did_not_fit"]) + "."]
     fl = d.get("floor")
     if fl:
         g = {r["B"]: r for r in d["rows"] if r["mode"] == "greedy"}
@@ -111,12 +115,14 @@ def main(argv=None):
     if kernels:
         kw["kernels"] = kernels
     model = kestrel.load(a.preset, device=a.device, **kw)
-    rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print)
+    unfit = []                     # runs whose engine did not fit in the device's memory: noted, not measured
+    rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print, did_not_fit=unfit)
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)
-        rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print)
+        rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print, did_not_fit=unfit)
     units = []
     if {"checkpoint", "input-cache"} <= set(a.policies) and not a.no_unit_costs:
-        for B in a.B:              # what a round of each pays, pass by pass, at the largest k
+        both = {r["B"] for r in rows if r["mode"] == "checkpoint"} & {r["B"] for r in rows if r["mode"] == "input-cache"}
+        for B in [B for B in a.B if B in both]:   # what a round of each pays, pass by pass, at the largest k
             units.append(batching.unit_costs(model, B, max(a.k)))
             u = units[-1]
             print(f"B={B:4d} k={u['k']} passes (ms): greedy {u['step']:.3f}  verify ckpt {u['verify_ckpt']:.3f} + select "
@@ -134,6 +140,8 @@ def main(argv=None):
          "floor": floor}
     if units:
         d["unit_costs"] = units
+    if unfit:
+        d["did_not_fit"] = unfit
     path = results.write(a.out, "bench_batch", d, render, prov)
     print(f"wrote {path}")
     return path

@@ -283,7 +283,7 @@ def test_a_batch_dependent_order_breaks_it(tiny_cpu, rng):
     the pass (kestrel.lab.batching.order_depends_on_batch: K split into 1, 2 or 3 parts by the
     row count, as a GEMM picking its kernel by shape would) makes a slot's logits in a mixed pass
     differ from the same call alone; with the fixed order they are equal."""
-    from kestrel.lab import batching
+    from kestrel.lab import batching, results
     tiny = tiny_cpu
     p1, p2 = _prompt(rng, tiny, 4, 8), _prompt(rng, tiny, 4, 8)
 
@@ -482,7 +482,7 @@ def test_unit_costs_leave_the_slots_where_they_began(tiny_cpu, monkeypatch):
     """batching.unit_costs times each pass between a mark and a rollback of every slot: after every
     timed call each slot's live state (its ring slot's S and conv window), cursors and attention
     lengths are bit-identical to what they were before the first, with nothing pending."""
-    from kestrel.lab import batching
+    from kestrel.lab import batching, results
     made, checked = [], []
     real = kestrel.BatchEngine
 
@@ -611,3 +611,37 @@ def test_batched_draft_chains_are_each_chain_alone(tiny, rng):
     for i in range(be.slots):
         for key, v in before[i].items():
             assert (np.array_equal(v, after[i][key]) if isinstance(v, np.ndarray) else v == after[i][key]), (i, key)
+
+
+def test_bench_batch_notes_runs_that_do_not_fit(tmp_path, monkeypatch):
+    """A run whose engine does not fit in memory is left out of the table and named under it,
+    and the sweep goes on; without the list to note it in, the sweep raises."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    from kestrel.errors import InsufficientMemoryError
+    from kestrel.lab import batching, results
+    real = kestrel.BatchEngine
+
+    def refusing(model, slots, max_seq=512, mmax=3, batch="flex"):
+        if slots == 3 and mmax > 1:            # B = 3's speculative runs "need more than the device has"
+            raise InsufficientMemoryError(f"a BatchEngine of {slots} slots: 9 GiB needed, 1 GiB available")
+        return real(model, slots, max_seq=max_seq, mmax=mmax, batch=batch)
+
+    monkeypatch.setattr(kestrel, "BatchEngine", refusing)
+    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.py"
+    spec_ = importlib.util.spec_from_file_location("bench_batch", path)
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "1", "3", "--k", "2",
+                    "--policies", "input-cache", "--T", "8", "--no-unit-costs"])
+    d = json.loads(Path(out).read_text())
+    assert [(r["B"], r["mode"]) for r in d["rows"]] == [(1, "greedy"), (1, "input-cache"), (3, "greedy")]
+    assert [(u["B"], u["mode"], u["k"]) for u in d["did_not_fit"]] == [(3, "input-cache", 2)]
+    assert "9 GiB needed" in d["did_not_fit"][0]["error"]
+    md = (tmp_path / "bench_batch.md").read_text()
+    assert "did not fit in the device's memory: B = 3 input-cache k = 2 (a BatchEngine of 3 slots" in md
+    f = results.load_batch("bench_batch", folder=tmp_path)
+    assert f.did_not_fit == ((3, "input-cache", 2, d["did_not_fit"][0]["error"]),)
+    with pytest.raises(InsufficientMemoryError, match="9 GiB needed"):
+        batching.sweep(kestrel.load("tiny", device="cpu"), Bs=(3,), policies=("checkpoint",), ks=(2,), T=4)

@@ -56,20 +56,42 @@ def moved_bytes_per_round(cfg, run) -> float:
 
 
 def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache"), ks=(2, 3, 4), T: int = 32,
-          profile=spec.E16_PROFILE, pairing: str = "trained", prompt_len: int = 16, seed: int = 0, log=None) -> list:
-    """The table above, one row per (B, greedy | policy, k)."""
+          profile=spec.E16_PROFILE, pairing: str = "trained", prompt_len: int = 16, seed: int = 0, log=None,
+          did_not_fit: list | None = None) -> list:
+    """The table above, one row per (B, greedy | policy, k).
+
+    With a list as `did_not_fit`, a run whose engine does not fit in the device's memory (a
+    MemoryError: kestrel's refusal before allocating, or the device's own) is left out and noted
+    there as {"B", "mode", "k", "error"}, and the sweep goes on; without one, the error is raised."""
     rows = []
+
+    def too_big(B, mode, k, e):
+        if did_not_fit is None:
+            return False
+        did_not_fit.append({"B": B, "mode": mode, "k": k, "error": str(e).splitlines()[0][:300]})
+        gc.collect()                   # what the failed run took, back (CuPy's pool retries after freeing)
+        if log:
+            log(f"B={B:4d} {mode:12s} k={k} did not fit: {did_not_fit[-1]['error']}")
+        return True
+
     for B in Bs:
         prompts = prompts_for(model, B, prompt_len, seed)
         need = max(len(p) for p in prompts) + T + 2 * max(ks, default=1) + 4
         # every run has its own BatchEngine, whose batched plans are made first (prepare), then a
         # warm-up: the per-slot plans (a replay's steps, a plain tail) are made at first use
-        be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=1)
-        be.prepare(("step",))          # every plan the batch can need, made before the clock runs
-        spec.batch_greedy(model, prompts, min(T, 4), engine=be)
-        w0 = plan_work(model.be)
-        g = spec.batch_greedy(model, prompts, T, engine=be)
-        g_work = plan_work(model.be) - w0
+        be = None
+        try:
+            be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=1)
+            be.prepare(("step",))      # every plan the batch can need, made before the clock runs
+            spec.batch_greedy(model, prompts, min(T, 4), engine=be)
+            w0 = plan_work(model.be)
+            g = spec.batch_greedy(model, prompts, T, engine=be)
+            g_work = plan_work(model.be) - w0
+        except MemoryError as e:       # no greedy baseline at this B: none of its policies either
+            be = None
+            if too_big(B, "greedy", 0, e):
+                continue
+            raise
         del be
         gc.collect()                   # its slots' device memory back before the next batch asks for its own
         alone = all(g.streams[i] == kestrel.generate(model, prompts[i], T) for i in sorted({0, B - 1}))
@@ -81,17 +103,24 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
             log(f"B={B:4d} greedy        {g.tokens_per_s:10.1f} tokens/s  {g.ms_per_token:8.3f} ms/token")
         for policy in policies:
             for k in ks:
-                be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=k, batch=Policy.parse(policy).batch)
-                be.prepare((spec.verify_kind(policy),), drafts=True)
-                warm = min(T, 8)
-                spec.batch_spec(model, prompts, warm, k=k, policy=policy, drafter="replay", engine=be,
-                                schedules=[spec.Schedule(profile=profile, pairing=pairing, seed=seed + 10_000 + i)
-                                           for i in range(B)], references=[x[:warm] for x in g.streams])
-                scheds = [spec.Schedule(profile=profile, pairing=pairing, seed=seed + 1 + i) for i in range(B)]
-                w0 = plan_work(model.be)
-                r = spec.batch_spec(model, prompts, T, k=k, policy=policy, drafter="replay", engine=be,
-                                    schedules=scheds, references=g.streams)
-                r_work = plan_work(model.be) - w0
+                be = None
+                try:
+                    be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=k, batch=Policy.parse(policy).batch)
+                    be.prepare((spec.verify_kind(policy),), drafts=True)
+                    warm = min(T, 8)
+                    spec.batch_spec(model, prompts, warm, k=k, policy=policy, drafter="replay", engine=be,
+                                    schedules=[spec.Schedule(profile=profile, pairing=pairing, seed=seed + 10_000 + i)
+                                               for i in range(B)], references=[x[:warm] for x in g.streams])
+                    scheds = [spec.Schedule(profile=profile, pairing=pairing, seed=seed + 1 + i) for i in range(B)]
+                    w0 = plan_work(model.be)
+                    r = spec.batch_spec(model, prompts, T, k=k, policy=policy, drafter="replay", engine=be,
+                                        schedules=scheds, references=g.streams)
+                    r_work = plan_work(model.be) - w0
+                except MemoryError as e:
+                    be = None
+                    if too_big(B, policy, k, e):
+                        continue
+                    raise
                 del be
                 gc.collect()
                 rows.append({"B": B, "mode": policy, "k": k, "tokens_per_s": r.tokens_per_s,

@@ -364,6 +364,7 @@ class BatchFile:
     rows: tuple
     floor: BatchFloor | None
     passes: tuple = ()                # BatchPasses per B (files of runs that timed them)
+    did_not_fit: tuple = ()           # (B, mode, k, error) of runs whose engine did not fit in memory
 
     def greedy(self) -> dict:
         """B -> the greedy row."""
@@ -398,5 +399,7 @@ def read_batch_file(f: Field, path: str) -> BatchFile:
                 raise ResultsFileError(f"{path}: unit_costs: select and fold are timed for n = 1..{k}")
             passes.append(BatchPasses(u["B"].int(1), k, u["step"].num(), u["verify_ckpt"].num(), sel,
                                       u["verify_cached"].num(), fold))
+    unfit = tuple((u["B"].int(1), u["mode"].one_of(("greedy", "replay", "flex-replay", "checkpoint", "input-cache")),
+                   u["k"].int(0), u["error"].str()) for u in f["did_not_fit"].items()) if f.has("did_not_fit") else ()
     return BatchFile(read_provenance(f), path, f["model"].str(), f.opt("weights", "str") or "fp32", f["T"].int(1),
-                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes))
+                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes), unfit)
