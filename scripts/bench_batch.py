@@ -54,6 +54,8 @@ def render(d: dict) -> str:
                  f"{r['speedup']:.2f}x | {r.get('tokens_per_round', 1.0):.2f} | {moved} | "
                  f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |"
                  + (f" {r.get('plans_lowered_or_captured_while_timed', '')} |" if made else ""))
+    if d.get("partial"):
+        L += ["", "**Partial:** this run stopped before its last batch size; the table holds what it measured."]
     if d.get("did_not_fit"):
         L += ["", "Not measured, because the run's engine did not fit in the device's memory: "
               + "; ".join(f"B = {u['B']} {u['mode']}" + (f" k = {u['k']}" if u["k"] else "") + f" ({u['error']})"
@@ -115,11 +117,33 @@ def main(argv=None):
     if kernels:
         kw["kernels"] = kernels
     model = kestrel.load(a.preset, device=a.device, **kw)
-    unfit = []                     # runs whose engine did not fit in the device's memory: noted, not measured
-    rows = batching.sweep(model, Bs=a.B, policies=a.policies, ks=a.k, T=a.T, log=print, did_not_fit=unfit)
+    bw = roofline.read_bandwidth(model.be)
+    wb = roofline.weight_bytes(model.cfg, model.weight_dtype)
+    floor = {"weight_bytes": wb, "Bps": bw["Bps"], "kind": bw["kind"], "ms": wb / bw["Bps"] * 1e3}
+    rows, units, unfit = [], [], []    # unfit: runs whose engine did not fit in the device's memory
+
+    def write(partial: bool):
+        prov = results.Provenance(model.be.device_name,
+                                  _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                  results.recorded_command("scripts/bench_batch.py",
+                                                           argv if argv is not None else sys.argv[1:], {}),
+                                  results.measured_commit(), None)
+        d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained",
+             "rows": rows, "weights": model.weight_dtype,
+             "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(), "floor": floor}
+        if units:
+            d["unit_costs"] = units
+        if unfit:
+            d["did_not_fit"] = unfit
+        if partial:                # written after each B, so a run stopped part-way keeps what it measured
+            d["partial"] = True
+        return results.write(a.out, "bench_batch", d, render, prov)
+
+    for B in a.B:
+        rows += batching.sweep(model, Bs=[B], policies=a.policies, ks=a.k, T=a.T, log=print, did_not_fit=unfit)
+        write(partial=True)
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)
         rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print, did_not_fit=unfit)
-    units = []
     if {"checkpoint", "input-cache"} <= set(a.policies) and not a.no_unit_costs:
         both = {r["B"] for r in rows if r["mode"] == "checkpoint"} & {r["B"] for r in rows if r["mode"] == "input-cache"}
         for B in [B for B in a.B if B in both]:   # what a round of each pays, pass by pass, at the largest k
@@ -128,21 +152,7 @@ def main(argv=None):
             print(f"B={B:4d} k={u['k']} passes (ms): greedy {u['step']:.3f}  verify ckpt {u['verify_ckpt']:.3f} + select "
                   + "/".join(f"{v:.3f}" for v in u["select"].values()) + f"  verify cached {u['verify_cached']:.3f} + "
                   "fold " + "/".join(f"{v:.3f}" for v in u["fold"].values()))
-    bw = roofline.read_bandwidth(model.be)
-    wb = roofline.weight_bytes(model.cfg, model.weight_dtype)
-    floor = {"weight_bytes": wb, "Bps": bw["Bps"], "kind": bw["kind"], "ms": wb / bw["Bps"] * 1e3}
-    prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                              results.recorded_command("scripts/bench_batch.py",
-                                                       argv if argv is not None else sys.argv[1:], {}),
-                              results.measured_commit(), None)
-    d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained", "rows": rows,
-         "weights": model.weight_dtype, "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(),
-         "floor": floor}
-    if units:
-        d["unit_costs"] = units
-    if unfit:
-        d["did_not_fit"] = unfit
-    path = results.write(a.out, "bench_batch", d, render, prov)
+    path = write(partial=False)
     print(f"wrote {path}")
     return path
 

@@ -643,5 +643,7 @@ def test_bench_batch_notes_runs_that_do_not_fit(tmp_path, monkeypatch):
     assert "did not fit in the device's memory: B = 3 input-cache k = 2 (a BatchEngine of 3 slots" in md
     f = results.load_batch("bench_batch", folder=tmp_path)
     assert f.did_not_fit == ((3, "input-cache", 2, d["did_not_fit"][0]["error"]),)
+    assert "partial" not in d and not f.partial and "Partial" not in md
+    assert "**Partial:** this run stopped" in mod.render({**d, "partial": True})   # written after each B
     with pytest.raises(InsufficientMemoryError, match="9 GiB needed"):
         batching.sweep(kestrel.load("tiny", device="cpu"), Bs=(3,), policies=("checkpoint",), ks=(2,), T=4)

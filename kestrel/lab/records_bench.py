@@ -365,6 +365,7 @@ class BatchFile:
     floor: BatchFloor | None
     passes: tuple = ()                # BatchPasses per B (files of runs that timed them)
     did_not_fit: tuple = ()           # (B, mode, k, error) of runs whose engine did not fit in memory
+    partial: bool = False             # the run stopped before its last batch size
 
     def greedy(self) -> dict:
         """B -> the greedy row."""
@@ -402,4 +403,5 @@ def read_batch_file(f: Field, path: str) -> BatchFile:
     unfit = tuple((u["B"].int(1), u["mode"].one_of(("greedy", "replay", "flex-replay", "checkpoint", "input-cache")),
                    u["k"].int(0), u["error"].str()) for u in f["did_not_fit"].items()) if f.has("did_not_fit") else ()
     return BatchFile(read_provenance(f), path, f["model"].str(), f.opt("weights", "str") or "fp32", f["T"].int(1),
-                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes), unfit)
+                     f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes), unfit,
+                     f["partial"].bool() if f.has("partial") else False)

@@ -44,6 +44,9 @@ margin (by the same unit costs: 0.8B 0.64, 4B 0.52, 9B 0.47, 27B 0.39; the tiny 
 CPU about 0.4).
 
 Probing. A plain step observes nothing, so once k = 0 wins the estimate would never change.
+A run that can pay opens with a drafted round even where the prior favours a plain step (it did
+on a 2-core CPU with some unit-cost measurements, and those runs spent their first four to eight
+rounds on plain steps before the first probe).
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
 updates the estimate); a probe after which a plain step still wins doubles the gap (up to
 PROBE_GAP_MAX), any other drafted round resets it. A round that accepts all its drafts counts as a
@@ -52,6 +55,9 @@ CLIMB_AFTER drafted rounds: a depth judged recently keeps the rate its own round
 every all-accepted round of a smaller k would pull it up). With perfect drafts (every rate 1) a round that
 still cannot beat a step (at the measured scales) is never tried again: where speculation cannot
 pay at all (the tiny model on a GPU), the run becomes plain greedy decoding.
+
+Its own time. choose() and observe_time() run between rounds; their time is added to the round's
+bookkeeping, so a run's measured time includes its decisions (about 0.1 ms a round in Python).
 
 Bits. The chooser only decides which verify runs and how many rows; every token is still the main
 model's argmax, so the stream is the greedy stream (the policies' construction guarantee).
@@ -74,6 +80,7 @@ PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
 CLIMB_AFTER = 8         # drafted rounds after a depth was last judged before all-accepted rounds climb to it
 EXPLORE = 0.10          # a k next to the best one, never timed, is tried once if predicted within this much
 PAY_MARGIN = 0.8        # drafting is tried only if perfect drafts cost at most this share of a step a token
+OPEN_WITH_PROBE = True  # a run that can pay drafts its first round even where the prior favours a plain step
 
 
 @dataclass
@@ -151,7 +158,7 @@ class KChooser:
                          if c.k > 0 and c.reason == "best"), None)
             if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
                 k = last            # estimate noise would flip between near-equal k
-            if k == 0 and self.plain_run >= self.gap:
+            if k == 0 and (self.plain_run >= self.gap or (OPEN_WITH_PROBE and self.rounds == 0)):
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
             elif k > 0 and self.time_scaled and k in self.kscale:
                 near = [j for j in (k - 1, k + 1) if j in ks and j not in self.kscale

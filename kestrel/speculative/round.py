@@ -74,14 +74,21 @@ class SpecRun:
                 self._plain_tail(left, "k=auto: no k can beat a plain step at the costs measured")
                 break
             if self.chooser is not None:
+                a = self.be.now()
                 kr = self.chooser.choose(left)
+                b = self.be.now()
                 if kr == 0:
                     self._plain_round()
                     self.chooser.observe_plain()
                 else:
                     self._round(kr)
                 last = self.records[-1]
+                c = self.be.now()
                 self.chooser.observe_time(last.k, last.n_ok, last.total_ms)
+                # the decision is paid for like any other host work of the round: its time joins
+                # the round's bookkeeping (after observe_time, whose scales price the rounds alone)
+                last.ms["bookkeeping"] = (last.ms.get("bookkeeping", 0.0) + self.be.elapsed_ms(a, b)
+                                          + self.be.elapsed_ms(c, self.be.now()))
                 continue
             kr = self.k
             if left < self.k:
