@@ -158,7 +158,8 @@ class KChooser:
                          if c.k > 0 and c.reason == "best"), None)
             if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
                 k = last            # estimate noise would flip between near-equal k
-            if k == 0 and (self.plain_run >= self.gap or (OPEN_WITH_PROBE and self.rounds == 0)):
+            opening = OPEN_WITH_PROBE and self.rounds == 0    # no drafted round seen yet
+            if k == 0 and (self.plain_run >= self.gap or opening):
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
             elif k > 0 and self.time_scaled and k in self.kscale:
                 near = [j for j in (k - 1, k + 1) if j in ks and j not in self.kscale
