@@ -213,3 +213,19 @@ def test_measured_round_times_correct_the_cost_model(units):
         c.observe_time(k, k, 3.0 * predicted)
     assert not c.can_pay and c.choose(100) == 0 and c.trace[-1].reason == "cannot pay"
     assert c.scale["round"] > 2.0 and abs(c.scale["plain"] - 1.0) < 1e-9
+
+
+@pytest.mark.parametrize("policy,pairing", [("checkpoint", "trained"), ("flex-replay", "article"),
+                                            ("input-cache", "trained")])
+def test_the_choosers_prices_are_the_cost_models(units, policy, pairing):
+    """KChooser prices a k from its own table of round costs (fast enough to run every round);
+    for random estimates it agrees with cost.predict to rounding."""
+    from kestrel.speculative.cost import predict
+    rng = np.random.default_rng()
+    c = KChooser(units, policy, pairing, 4)
+    for _ in range(20):
+        alphas = [float(x) for x in rng.uniform(0.0, 1.0, len(c.alphas))]
+        for k in c.ks:
+            prof = tuple(alphas[:c.pairing.judged_depths(k)])
+            want = predict(units, policy, pairing, k, profile=prof).ms_per_token
+            assert c._ms(k, alphas) == pytest.approx(want, rel=1e-12)

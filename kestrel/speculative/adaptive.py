@@ -66,10 +66,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import predict, round_cost
+from .cost import round_cost
 from .errors import SpecArgumentError
 from .pairing import Pairing
 from .policy import Policy
+from .schedule import advance
 from .units import UnitCosts
 
 WEIGHT = 0.2            # an observation's weight in the per-depth moving average
@@ -118,6 +119,7 @@ class KChooser:
         if not self.ks:
             raise SpecArgumentError(f"k='auto' with k_max={k_max}: no k judges a draft under the "
                                     f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
+        self._round_ms = {}                          # k -> [(n_ok, a round's predicted ms, its advance)]
         self.alphas = [prior] * self.pairing.judged_depths(k_max)
         self.seen = [1] * len(self.alphas)          # observations behind each rate (the prior counts as one)
         self.judged_at = [None] * len(self.alphas)  # the round that last judged each depth itself
@@ -134,8 +136,22 @@ class KChooser:
         self._pred = None                            # predicted() until the estimate changes
 
     def _ms(self, k: int, alphas) -> float:
-        prof = tuple(alphas[:self.pairing.judged_depths(k)])
-        return predict(self.units, self.policy, self.pairing, k, profile=prof).ms_per_token
+        """cost.predict(units, policy, pairing, k, profile=alphas).ms_per_token, from a table of
+        each (k, n_ok) round's cost made once: this runs every round (predict's checks cost more
+        than a tenth of a millisecond a round in Python)."""
+        table = self._round_ms.get(k)
+        if table is None:
+            first = self.pairing.min_nok               # rounds below it never happen: weight 0
+            table = self._round_ms[k] = [
+                (n, sum(round_cost(self.units, self.policy, self.pairing, k, n).values()) if n >= first else 0.0,
+                 advance(n)) for n in range(k + 1)]
+        first, reach, dist = self.pairing.min_nok, 1.0, [0.0] * (k + 1)
+        for j in range(self.pairing.judged_depths(k)):     # schedule.nok_distribution, unchecked
+            dist[first + j] += reach * (1.0 - alphas[j])
+            reach *= alphas[j]
+        dist[k] += reach
+        ms = sum(w * c for w, (_, c, _) in zip(dist, table) if w > 0)
+        return ms / sum(w * a for w, (_, _, a) in zip(dist, table) if w > 0)
 
     def predicted(self) -> dict:
         """k -> predicted ms per token under the current estimate (0: a plain step)."""
