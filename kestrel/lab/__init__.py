@@ -12,6 +12,7 @@
     wiring.py     four wrong wirings of the MTP head, each bit-exact (chapter 4)
     batching.py   greedy and the undo strategies at batch sizes B (chapter 9, scripts/bench_batch.py)
     story.py      the 27B decomposition, one fix at a time, and the pairing x undo 2 x 2
+    autosim.py    k = "auto"'s decisions priced by the cost model, no model run (tests, dev/adaptive_sim.py)
     exercises.py  each chapter's answer check: hidden until answered, then right or wrong
     diagrams/     the mechanism drawn by code: round timelines, the state ring, the cursors
     widgets/      the live replay and the cost explorer, each with a static twin
