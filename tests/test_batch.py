@@ -283,7 +283,7 @@ def test_a_batch_dependent_order_breaks_it(tiny_cpu, rng):
     the pass (kestrel.lab.batching.order_depends_on_batch: K split into 1, 2 or 3 parts by the
     row count, as a GEMM picking its kernel by shape would) makes a slot's logits in a mixed pass
     differ from the same call alone; with the fixed order they are equal."""
-    from kestrel.lab import batching, results
+    from kestrel.lab import batching
     tiny = tiny_cpu
     p1, p2 = _prompt(rng, tiny, 4, 8), _prompt(rng, tiny, 4, 8)
 
@@ -451,16 +451,23 @@ def test_batch_spec_mixed_policies_and_k(tiny, rng):
         spec.batch_spec(tiny, prompts[:2], T, k=[2, 3, 4], references=refs[:2])
 
 
-def test_bench_batch_script_writes_its_table(tmp_path):
-    """scripts/bench_batch.py on the embedded model, a small grid: a results file naming device,
-    date and command, every stream bit-exact, one row per (B, greedy | policy, k)."""
+def _bench_batch_script():
+    """scripts/bench_batch.py as a module."""
     import importlib.util
-    import json
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.py"
     spec_ = importlib.util.spec_from_file_location("bench_batch", path)
     mod = importlib.util.module_from_spec(spec_)
     spec_.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_batch_script_writes_its_table(tmp_path):
+    """scripts/bench_batch.py on the embedded model, a small grid: a results file naming device,
+    date and command, every stream bit-exact, one row per (B, greedy | policy, k)."""
+    import json
+    from pathlib import Path
+    mod = _bench_batch_script()
     out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "1", "3", "--k", "2",
                     "--policies", "checkpoint", "input-cache", "--T", "12"])
     d = json.loads(Path(out).read_text())
@@ -482,7 +489,7 @@ def test_unit_costs_leave_the_slots_where_they_began(tiny_cpu, monkeypatch):
     """batching.unit_costs times each pass between a mark and a rollback of every slot: after every
     timed call each slot's live state (its ring slot's S and conv window), cursors and attention
     lengths are bit-identical to what they were before the first, with nothing pending."""
-    from kestrel.lab import batching, results
+    from kestrel.lab import batching
     made, checked = [], []
     real = kestrel.BatchEngine
 
@@ -616,7 +623,6 @@ def test_batched_draft_chains_are_each_chain_alone(tiny, rng):
 def test_bench_batch_notes_runs_that_do_not_fit(tmp_path, monkeypatch):
     """A run whose engine does not fit in memory is left out of the table and named under it,
     and the sweep goes on; without the list to note it in, the sweep raises."""
-    import importlib.util
     import json
     from pathlib import Path
     from kestrel.errors import InsufficientMemoryError
@@ -629,10 +635,7 @@ def test_bench_batch_notes_runs_that_do_not_fit(tmp_path, monkeypatch):
         return real(model, slots, max_seq=max_seq, mmax=mmax, batch=batch)
 
     monkeypatch.setattr(kestrel, "BatchEngine", refusing)
-    path = Path(__file__).resolve().parents[1] / "scripts" / "bench_batch.py"
-    spec_ = importlib.util.spec_from_file_location("bench_batch", path)
-    mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
+    mod = _bench_batch_script()
     out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "1", "3", "--k", "2",
                     "--policies", "input-cache", "--T", "8", "--no-unit-costs"])
     d = json.loads(Path(out).read_text())
