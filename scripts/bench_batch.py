@@ -55,7 +55,8 @@ def render(d: dict) -> str:
                  f"{r['held_bytes'] / 1e6:.3f} | {r['passes']} | {r['bit_exact']} |"
                  + (f" {r.get('plans_lowered_or_captured_while_timed', '')} |" if made else ""))
     if d.get("partial"):
-        L += ["", "**Partial:** this run stopped before its last batch size; the table holds what it measured."]
+        L += ["", "**Partial:** this run stopped before it finished (its file is written after each batch size); "
+              "the table holds what it measured."]
     if d.get("did_not_fit"):
         L += ["", "Not measured, because the run's engine did not fit in the device's memory: "
               + "; ".join(f"B = {u['B']} {u['mode']}" + (f" k = {u['k']}" if u["k"] else "") + f" ({u['error']})"

@@ -365,7 +365,7 @@ class BatchFile:
     floor: BatchFloor | None
     passes: tuple = ()                # BatchPasses per B (files of runs that timed them)
     did_not_fit: tuple = ()           # (B, mode, k, error) of runs whose engine did not fit in memory
-    partial: bool = False             # the run stopped before its last batch size
+    partial: bool = False             # the run stopped before it finished (the file is written after each B)
 
     def greedy(self) -> dict:
         """B -> the greedy row."""
