@@ -146,7 +146,8 @@ def main(argv=None):
     if a.greedy_B:                 # larger batches, greedy only (the undo strategies' states need more memory)
         rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print, did_not_fit=unfit)
     if {"checkpoint", "input-cache"} <= set(a.policies) and not a.no_unit_costs:
-        both = {r["B"] for r in rows if r["mode"] == "checkpoint"} & {r["B"] for r in rows if r["mode"] == "input-cache"}
+        ran = {(r["B"], r["mode"]) for r in rows}
+        both = {B for B in a.B if (B, "checkpoint") in ran and (B, "input-cache") in ran}
         for B in [B for B in a.B if B in both]:   # what a round of each pays, pass by pass, at the largest k
             units.append(batching.unit_costs(model, B, max(a.k)))
             u = units[-1]
