@@ -31,17 +31,9 @@ sys.path.insert(0, str(ROOT))
 import kestrel  # noqa: E402
 from kestrel import settings  # noqa: E402
 from kestrel import speculative as spec  # noqa: E402
-from kestrel.lab import results, sweep  # noqa: E402
+from kestrel.lab import autosim, results, sweep  # noqa: E402
 
 KS = (2, 3, 4)
-ALPHA_3P39 = 0.8903      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 3.39 (trained pairing, k = 4)
-
-
-def switch(T: int) -> list:
-    """n_ok by token position: good drafts (4 of 4) for the first quarter, useless (only the free
-    d_1) for the next half, good again for the last quarter."""
-    q = T // 4
-    return [4] * q + [1] * (T - 2 * q) + [4] * q
 
 
 def cases_27b(T: int) -> list:
@@ -51,9 +43,9 @@ def cases_27b(T: int) -> list:
         return lambda k: spec.Schedule(seq=[min(n, k) for n in s], pairing="trained", **kw)
     return [("E16 profile", lambda k: spec.Schedule(profile=spec.E16_PROFILE, pairing="trained")),
             ("2.8 tokens/round, cycled", seq(sweep.SEQ_2P8)),
-            ("3.39 tokens/round", lambda k: spec.Schedule(profile=(ALPHA_3P39,) * 3, pairing="trained")),
+            ("3.39 tokens/round", lambda k: spec.Schedule(profile=(sweep.ALPHA_3P39,) * 3, pairing="trained")),
             ("nothing accepted", seq([1])),
-            ("good, useless, good (by token)", seq(switch(T), by="token"))]
+            ("good, useless, good (by token)", seq(autosim.switch(T), by="token"))]
 
 
 SAME = "greedy, auto's engine"

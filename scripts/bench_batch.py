@@ -147,8 +147,8 @@ def main(argv=None):
         rows += batching.sweep(model, Bs=a.greedy_B, policies=(), ks=a.k, T=a.T, log=print, did_not_fit=unfit)
     if {"checkpoint", "input-cache"} <= set(a.policies) and not a.no_unit_costs:
         ran = {(r["B"], r["mode"]) for r in rows}
-        both = {B for B in a.B if (B, "checkpoint") in ran and (B, "input-cache") in ran}
-        for B in [B for B in a.B if B in both]:   # what a round of each pays, pass by pass, at the largest k
+        for B in [B for B in a.B if (B, "checkpoint") in ran and (B, "input-cache") in ran]:
+            # what a round of each pays, pass by pass, at the largest k (where both ran)
             units.append(batching.unit_costs(model, B, max(a.k)))
             u = units[-1]
             print(f"B={B:4d} k={u['k']} passes (ms): greedy {u['step']:.3f}  verify ckpt {u['verify_ckpt']:.3f} + select "

@@ -155,10 +155,8 @@ def spec_cases() -> list:
     from kestrel.lab import sweep
     return [("E16 profile", 3, spec.Schedule(profile=spec.E16_PROFILE, pairing="trained")),
             ("2.8 tokens a round", 4, spec.Schedule(seq=list(sweep.SEQ_2P8), pairing="trained")),
-            ("3.39 tokens a round", 4, spec.Schedule(profile=(ALPHA_3P39,) * 3, pairing="trained"))]
+            ("3.39 tokens a round", 4, spec.Schedule(profile=(sweep.ALPHA_3P39,) * 3, pairing="trained"))]
 
-
-ALPHA_3P39 = 0.8903      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 3.39 (trained pairing, k = 4)
 
 
 def render(d: dict) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 from kestrel import speculative as spec
 from kestrel.speculative.adaptive import KChooser
 from kestrel.speculative.cost import round_cost
+from .sweep import ALPHA_3P39
 
 
 def priced_run(units, schedule, T: int, k, *, k_max: int = 4, policy="checkpoint", bias=None,
@@ -83,6 +84,6 @@ def cases(T: int = 64) -> list:
     def seq(s, **kw):
         return lambda seed: spec.Schedule(seq=s, pairing="trained", **kw)
     return [("E16 profile", lambda seed: spec.Schedule(profile=spec.E16_PROFILE, pairing="trained", seed=seed)),
-            ("3.39 tokens/round", lambda seed: spec.Schedule(profile=(0.8903,) * 3, pairing="trained", seed=seed)),
+            ("3.39 tokens/round", lambda seed: spec.Schedule(profile=(ALPHA_3P39,) * 3, pairing="trained", seed=seed)),
             ("nothing accepted", seq([1])),
             ("good, useless, good", seq(switch(T), by="token"))]

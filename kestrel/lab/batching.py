@@ -79,7 +79,6 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
         need = max(len(p) for p in prompts) + T + 2 * max(ks, default=1) + 4
         # every run has its own BatchEngine, whose batched plans are made first (prepare), then a
         # warm-up: the per-slot plans (a replay's steps, a plain tail) are made at first use
-        be = None
         try:
             be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=1)
             be.prepare(("step",))      # every plan the batch can need, made before the clock runs
@@ -103,7 +102,6 @@ def sweep(model, Bs=(1, 4, 16), policies=("replay", "checkpoint", "input-cache")
             log(f"B={B:4d} greedy        {g.tokens_per_s:10.1f} tokens/s  {g.ms_per_token:8.3f} ms/token")
         for policy in policies:
             for k in ks:
-                be = None
                 try:
                     be = kestrel.BatchEngine(model, slots=B, max_seq=need, mmax=k, batch=Policy.parse(policy).batch)
                     be.prepare((spec.verify_kind(policy),), drafts=True)

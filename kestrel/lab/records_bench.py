@@ -375,10 +375,13 @@ class BatchFile:
         return next(r for r in self.rows if (r.B, r.mode, r.k) == (B, mode, k))
 
 
+BATCH_MODES = ("greedy", "replay", "flex-replay", "checkpoint", "input-cache")   # a row's mode
+
+
 def read_batch_file(f: Field, path: str) -> BatchFile:
     rows = []
     for r in f["rows"].items():
-        mode = r["mode"].one_of(("greedy", "replay", "flex-replay", "checkpoint", "input-cache"))
+        mode = r["mode"].one_of(BATCH_MODES)
         rows.append(BatchRow(r["B"].int(1), mode, r["k"].int(0), r["tokens_per_s"].num(), r["ms_per_token"].num(),
                              r["speedup"].num(), r["bit_exact"].bool(),
                              r["moved_per_round"].num() if r.has("moved_per_round") else None,
@@ -400,8 +403,8 @@ def read_batch_file(f: Field, path: str) -> BatchFile:
                 raise ResultsFileError(f"{path}: unit_costs: select and fold are timed for n = 1..{k}")
             passes.append(BatchPasses(u["B"].int(1), k, u["step"].num(), u["verify_ckpt"].num(), sel,
                                       u["verify_cached"].num(), fold))
-    unfit = tuple((u["B"].int(1), u["mode"].one_of(("greedy", "replay", "flex-replay", "checkpoint", "input-cache")),
-                   u["k"].int(0), u["error"].str()) for u in f["did_not_fit"].items()) if f.has("did_not_fit") else ()
+    unfit = tuple((u["B"].int(1), u["mode"].one_of(BATCH_MODES), u["k"].int(0), u["error"].str())
+                  for u in f["did_not_fit"].items()) if f.has("did_not_fit") else ()
     return BatchFile(read_provenance(f), path, f["model"].str(), f.opt("weights", "str") or "fp32", f["T"].int(1),
                      f["profile"].numbers(), f["pairing"].str(), tuple(rows), floor, tuple(passes), unfit,
                      f["partial"].bool() if f.has("partial") else False)

@@ -59,6 +59,7 @@ ALPHA_2P8 = 0.7655      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 2.8
 # last round is shrunk, advances 2.78); the profile above gives 2.8 only in expectation (its
 # seeded draw over a 64-token run advanced 2.46 a round on 2026-12-02)
 SEQ_2P8 = (4, 2, 4, 1, 3)
+ALPHA_3P39 = 0.8903      # flat per-depth acceptance with 1 + a + a^2 + a^3 = 3.39 (trained pairing, k = 4)
 
 # (name, k, what the replay drafter replays, pairing): scripts/bench_spec.py part (b)
 LARGE_SCHEDULES = (

@@ -71,7 +71,7 @@ from .cost import round_cost
 from .errors import SpecArgumentError
 from .pairing import Pairing
 from .policy import Policy
-from .schedule import advance
+from .schedule import advance, nok_distribution_unchecked
 from .units import UnitCosts
 
 WEIGHT = 0.2            # an observation's weight in the per-depth moving average
@@ -120,7 +120,7 @@ class KChooser:
         if not self.ks:
             raise SpecArgumentError(f"k='auto' with k_max={k_max}: no k judges a draft under the "
                                     f"{self.pairing.value} pairing (k_max >= {self.pairing.min_nok + 1})")
-        self._round_ms = {}                          # k -> [(n_ok, a round's predicted ms, its advance)]
+        self._round_ms = {}                          # k -> [(a round's predicted ms, its advance)] by n_ok
         self.alphas = [prior] * self.pairing.judged_depths(k_max)
         self.seen = [1] * len(self.alphas)          # observations behind each rate (the prior counts as one)
         self.judged_at = [None] * len(self.alphas)  # the round that last judged each depth itself
@@ -144,15 +144,11 @@ class KChooser:
         if table is None:
             first = self.pairing.min_nok               # rounds below it never happen: weight 0
             table = self._round_ms[k] = [
-                (n, sum(round_cost(self.units, self.policy, self.pairing, k, n).values()) if n >= first else 0.0,
+                (sum(round_cost(self.units, self.policy, self.pairing, k, n).values()) if n >= first else 0.0,
                  advance(n)) for n in range(k + 1)]
-        first, reach, dist = self.pairing.min_nok, 1.0, [0.0] * (k + 1)
-        for j in range(self.pairing.judged_depths(k)):     # schedule.nok_distribution, unchecked
-            dist[first + j] += reach * (1.0 - alphas[j])
-            reach *= alphas[j]
-        dist[k] += reach
-        ms = sum(w * c for w, (_, c, _) in zip(dist, table) if w > 0)
-        return ms / sum(w * a for w, (_, _, a) in zip(dist, table) if w > 0)
+        dist = nok_distribution_unchecked(alphas, k, self.pairing)
+        ms = sum(w * c for w, (c, _) in zip(dist, table) if w > 0)
+        return ms / sum(w * a for w, (_, a) in zip(dist, table) if w > 0)
 
     def predicted(self) -> dict:
         """k -> predicted ms per token under the current estimate (0: a plain step)."""

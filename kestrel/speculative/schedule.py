@@ -174,7 +174,12 @@ def parse_profile(s) -> tuple:
 def nok_distribution(profile, k: int, pairing=Pairing.ARTICLE) -> list:
     """P(n_ok = n) for n = 0..k under a per-depth profile (independent draws per depth)."""
     pairing = Pairing.parse(pairing)
-    prof = check_profile(profile, k, pairing)
+    return nok_distribution_unchecked(check_profile(profile, k, pairing), k, pairing)
+
+
+def nok_distribution_unchecked(prof, k: int, pairing: Pairing) -> list:
+    """nok_distribution without its checks, for a profile already checked for k and a Pairing (the
+    chooser of k = "auto" prices every k each round, and the checks would cost more than the sum)."""
     first = pairing.min_nok                          # n_ok reached before the MTP drafts are judged
     dist = [0.0] * (k + 1)
     reach = 1.0
