@@ -508,7 +508,7 @@ def render_md(R: dict) -> str:
         for M in MS:
             L.append(f"| {M} | " + " | ".join(f"{st[M]:.2f} | {st[M] / st[1]:.3f}" for st in steps) + f" | {rd:.2f} |")
     L += ["", f"Engine default for bf16 weights at the time of the run: `{R['engine_bf16_gemv']}` "
-          "(kestrel/ops/linear.py, GEMV_DEFAULT)."]
+          "(KESTREL_BF16_GEMV, kestrel/settings.py)."]
     return "\n".join(L) + "\n"
 
 
@@ -559,7 +559,7 @@ def main():
          "command": prov.command, "commit": prov.commit,
          "versions": {"cupy": cp.__version__, "numpy": np.__version__, "torch": getattr(torch, "__version__", None),
                       "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(), "driver": cp.cuda.runtime.driverGetVersion()},
-         "engine_bf16_gemv": linear.GEMV_DEFAULT, "tc_variant": list(dev.TC_VARIANT),
+         "engine_bf16_gemv": settings.get("KESTREL_BF16_GEMV"), "tc_variant": list(dev.TC_VARIANT),
          "tc_ksplit_by_K": {str(K): dev.tc_ksplit(K) for K in sorted({s[2] for s in SHAPES})},
          "timing": "CUDA graph of back-to-back launches over rotating weight buffers (>= 4x L2), events around "
                    "each replay, median over replays / launches per graph; no PDL",

@@ -9,11 +9,11 @@ import os
 
 # name -> (default, what it sets)
 VARIABLES = {
-    "KESTREL_BF16_GEMV": ("fma", "the bf16 GEMV of a CUDA backend made without gemv= (fma | tmb)"),
+    "KESTREL_BF16_GEMV": ("tmb", "the bf16 GEMV of a CUDA backend made without gemv= (tmb | fma)"),
     "KESTREL_GDN_RECUR": ("cluster", "the GDN recurrence kernel a CUDA backend prefers (cluster | regs | smem)"),
     "KESTREL_PDL": ("1", "0: no programmatic dependent launch in CUDA graphs"),
     "KESTREL_PDL_ORDER": ("", "a kernel's start under PDL (launch-first | wait-first; default: the GEMV's own)"),
-    "KESTREL_TILED_ONLY": ("0", "1: a CUDA backend on the tmb GEMV keeps each projection only as its tiled copy"),
+    "KESTREL_TILED_ONLY": ("1", "0: a CUDA backend on the tmb GEMV keeps each projection's rows beside its tiled copy"),
     "KESTREL_DEVICE_NAME": ("", "the device name the laboratory's provenance lines print (default: detected)"),
     "KESTREL_COMMIT": ("", "the commit a results file records where the tree has no git history"),
 }

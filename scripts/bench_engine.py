@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark the CUDA engine: results/bench_engine.json + results/bench_engine.md
-(results/bench_engine_<gemv>.* under a bf16 GEMV other than the default, e.g. KESTREL_BF16_GEMV=tmb).
+"""Benchmark the CUDA engine: results/bench_engine_tmb.json + .md under the default tensor-core GEMV
+(a file is named by the GEMV it ran, results.stem: KESTREL_BF16_GEMV=fma writes results/bench_engine.*).
 
     python3 scripts/bench_engine.py --out results            # on a GPU machine
     python3 scripts/bench_engine.py --presets test-a,qwen3.5-0.8b --no-peer

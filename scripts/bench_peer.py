@@ -205,7 +205,10 @@ def main(argv=None):
     import torch
     T, repeats = (8, 1) if a.quick else (a.T, a.repeats)
     device = "cpu" if a.quick else "cuda"
-    model = kestrel.load(a.preset, device=device, dtype="bf16" if device == "cuda" else "fp32", seed=a.seed)
+    # tiled_only=False: the peer is handed the projections' rows, which the default engine drops once
+    # tiled (the two copies fit an H200 at the 27B shape)
+    model = kestrel.load(a.preset, device=device, dtype="bf16" if device == "cuda" else "fp32", seed=a.seed,
+                         kernels={"tiled_only": False} if device == "cuda" else None)
     prompt = [int(t) for t in np.random.default_rng(a.seed).integers(0, model.cfg.vocab_size, 32)]
     print(f"{a.preset} on {model.be.device_name}")
 
@@ -233,7 +236,7 @@ def main(argv=None):
         best = min(ok, key=lambda r: r["ms_per_token"]) if ok else None
         prov = results.Provenance(model.be.device_name, _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                   results.recorded_command("scripts/bench_peer.py", argv if argv is not None else sys.argv[1:], {}),
-                                  results.measured_commit(), None)
+                                  results.measured_commit(), results.backend_kernels(model.be))
         d = {"model": model.cfg.name, "dtype": model.weight_dtype, "seed": a.seed, "prompt_len": len(prompt), "T": T,
              "repeats": repeats, "versions": versions, "check": check, "rows": rows, "notes": notes,
              "peer_best": best and {"setting": best["setting"], "ms_per_token": best["ms_per_token"],

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Speculative decoding benchmark: writes results/bench_spec.json + results/bench_spec.md
-(results/bench_spec_<gemv>.* under a bf16 GEMV other than the default, e.g. KESTREL_BF16_GEMV=tmb).
+"""Speculative decoding benchmark: writes results/bench_spec_tmb.json + .md under the default tensor-core GEMV
+(a file is named by the GEMV it ran, results.stem: KESTREL_BF16_GEMV=fma writes results/bench_spec.*).
 
   (a) tiny model, end to end: every policy x drafter (mtp-article, mtp, replay driven by the E16
       profile) x k = 1..4 over the six starts; greedy timed in the same run (each run_spec call

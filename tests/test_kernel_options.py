@@ -23,16 +23,20 @@ def test_bad_kernel_options_are_named(bad, match):
 
 
 def test_tiled_only_resolves_under_tmb_only(monkeypatch):
+    """The default engine is the tensor-core one, holding its weights once (tiled only)."""
     monkeypatch.delenv("KESTREL_BF16_GEMV", raising=False)
     monkeypatch.delenv("KESTREL_TILED_ONLY", raising=False)
+    default = KernelOptions().resolved(True)
+    assert (default.gemv, default.tiled_only, default.pdl_order) == ("tmb", True, "wait-first")
+    assert KernelOptions(gemv="tmb", tiled_only=False).resolved(True).tiled_only is False
+    assert KernelOptions(gemv="fma").resolved(True).tiled_only is False      # a default for tmb only
+    assert KernelOptions(gemv="fma").resolved(True).pdl_order == "launch-first"
+    monkeypatch.setenv("KESTREL_TILED_ONLY", "0")
     assert KernelOptions(gemv="tmb").resolved(True).tiled_only is False
     assert KernelOptions(gemv="tmb", tiled_only=True).resolved(True).tiled_only is True
-    monkeypatch.setenv("KESTREL_TILED_ONLY", "1")
-    assert KernelOptions(gemv="tmb").resolved(True).tiled_only is True
-    assert KernelOptions(gemv="fma").resolved(True).tiled_only is False      # a default for tmb only
-    assert KernelOptions(gemv="tmb", tiled_only=False).resolved(True).tiled_only is False
+    monkeypatch.setenv("KESTREL_BF16_GEMV", "fma")
     with pytest.raises(DeviceError, match="needs gemv='tmb'"):
-        KernelOptions(tiled_only=True).resolved(True)     # the default GEMV is fma
+        KernelOptions(tiled_only=True).resolved(True)     # the GEMV from the environment is fma
 
 
 def test_tiled_only_weight_refuses_reads():

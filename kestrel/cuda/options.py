@@ -3,18 +3,20 @@
     kestrel.load("qwen3.5-27b", device="cuda", dtype="bf16", kernels={"gemv": "tmb"})
     CUDABackend(kernels=KernelOptions(gemv="tmb"))
 
-gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: "fma" or "tmb";
-they differ in the last bits, so one engine uses one throughout). gdn_recur names the recurrence
+gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: "tmb", the
+default, or "fma"; they differ in the last bits, so one engine uses one throughout). gdn_recur names the recurrence
 kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). pdl turns
 programmatic dependent launch in CUDA graphs on or off (None: on where the GPU has it, sm_90 and
 later); pdl_order is the order of a kernel's two PDL calls (kernels/common.cuh, griddep_enter),
 "launch-first" or "wait-first", by default the one its GEMV runs fastest with (PDL_ORDER_OF_GEMV;
-scheduling only, never the bits). tiled_only (under gemv="tmb" only) keeps each projection matrix
-only as its tiled copy: the originals are dropped once tiled, so the weights take their size once
-instead of twice (the 27B shape then fits an 80 GB card), and reading a projection back from
-model.w is refused (CUDABackend.tiled; the tied embedding keeps its rows). Unset fields take the
-defaults kestrel.settings reads (tiled_only: KESTREL_TILED_ONLY=1, under tmb only; off by default). Plans, lowering and results
-files read the options from the backend: nothing else in the process decides a kernel.
+scheduling only, never the bits). tiled_only (under gemv="tmb" only; on by default) keeps each
+projection matrix only as its tiled copy: the originals are dropped once tiled, so the weights
+take their size once instead of twice (the 27B shape then fits an 80 GB card), and reading a
+projection back from model.w is refused (CUDABackend.tiled; the tied embedding keeps its rows);
+tiled_only=False keeps the rows too, for code that reads them (scripts/bench_peer.py hands them to
+transformers). Unset fields take the defaults kestrel.settings reads (KESTREL_BF16_GEMV,
+KESTREL_TILED_ONLY). Plans, lowering and results files read the options from the backend: nothing
+else in the process decides a kernel.
 """
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ class KernelOptions:
         order = self.pdl_order or settings.get("KESTREL_PDL_ORDER") or PDL_ORDER_OF_GEMV.get(gemv, "launch-first")
         self._check_tiled_only(gemv)     # the GEMV may have come from the defaults
         tiled_only = self.tiled_only if self.tiled_only is not None else (
-            gemv == "tmb" and settings.get("KESTREL_TILED_ONLY") == "1")
+            gemv == "tmb" and settings.get("KESTREL_TILED_ONLY") != "0")
         return KernelOptions(gemv=gemv, gdn_recur=recur, pdl=bool(pdl) and pdl_supported, pdl_order=order,
                              tiled_only=bool(tiled_only))
 

@@ -214,8 +214,9 @@ def backend_kernels(be) -> dict | None:
 
 
 def stem(name: str, kernels: dict | None) -> str:
-    """The results file a benchmark writes: `name`, or name_<gemv> when it ran a bf16 GEMV other
-    than the default fma, so such a run cannot overwrite the default's results."""
+    """The results file a benchmark writes: `name` for the CUDA-core GEMV (fma), name_<gemv> for
+    another, so a run of one GEMV never overwrites another's results. The names predate the
+    default's change to tmb (2026-12-07): a default run writes name_tmb."""
     gemv = None if kernels is None else kernels.get("gemv", "fma")
     return name if gemv in (None, "fma") else f"{name}_{gemv}"
 

@@ -8,11 +8,13 @@ depends on how many rows came with it. On the GPU, kernels/linear.cu sums each r
 order fixed by K alone (its header says how).
 
 GPU kernels (kernels/linear.cu), one order per engine option (CUDABackend's KernelOptions.gemv):
-"fma", the CUDA-core GEMV (fp32 FMA, every weight dtype); "tmb", for bf16 weights, tensor cores
-(activation rows padded to 8 columns, x split exactly into three bf16 terms, so its arithmetic
-does not depend on M) on weights stored tiled in fragment order (tmb_tiled; the engine keeps one
-tiled copy per matrix beside the original, CUDABackend.tiled, about the weights' size again, or
-instead of it under the kernel option tiled_only; sm_90 and later). "tmb" is two kernels with one
+"tmb", the default for bf16 weights, tensor cores (activation rows padded to 8 columns, x split
+exactly into three bf16 terms, so its arithmetic does not depend on M) on weights stored tiled in
+fragment order (tmb_tiled; by default the tiled copy replaces the original, the kernel option
+tiled_only; with tiled_only=False the engine keeps it beside the original, CUDABackend.tiled,
+about the weights' size again; sm_90 and later); "fma", the CUDA-core GEMV (fp32 FMA, every
+weight dtype: fp32 weights always take it), the bf16 default until 2026-12-07 and kept as an
+option for comparison (results/cuda_notes.md has the record of the two). "tmb" is two kernels with one
 order, so one set of bits, and tmb_kernel picks one per matrix and M: gemv_tmr, each warp loading
 its tile's weights straight into registers, where its warps hold the whole matrix at once, and
 gemv_tmb, fed by bulk copies into shared memory, for matrices of many waves (the 27B gate|up, the
@@ -94,8 +96,7 @@ CUDA_DEFINES = {"LINEAR_THREADS": LINEAR_THREADS, "TMB_CG": TMB_CG,
 L.register("linear", CUDA_DEFINES)
 EPI = {"store": 0, "add": 1, "swiglu": 2}
 
-GEMVS = ("fma", "tmb")          # the engine's bf16 GEMV options (KernelOptions.gemv)
-GEMV_DEFAULT = "fma"
+GEMVS = ("fma", "tmb")          # the engine's bf16 GEMV options (KernelOptions.gemv; default: kestrel.settings)
 
 
 def linear(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -305,12 +306,13 @@ def fma_shape(M: int) -> tuple:
 
 
 def gemv_launch(W, X, Y, M: int, K: int, ldx: int, ldy: int, epilogue: str = "store", half: int = 0,
-                gemv: str = GEMV_DEFAULT, tiled=None):
+                gemv: str = "fma", tiled=None):
     """(fn, grid, block, args, smem) for Y (op)= X · Wᵀ over M rows.
 
     W [N, K] (uint16 bf16 bits or float32, C-contiguous rows), X [M, ldx], Y [M, ldy].
     epilogue: store, add (Y += X·Wᵀ, the residual) or swiglu over W = [gate; up] (half = gate rows).
-    gemv: the engine's bf16 GEMV, "fma" or "tmb" (its backend's KernelOptions.gemv).
+    gemv: the engine's bf16 GEMV, "fma" or "tmb" (its backend's KernelOptions.gemv; the launcher's
+    own default is "fma", the one kernel that needs no tiled copy).
     tiled: tmb_tiled(W, K, epilogue, half), which "tmb" needs (the caller keeps it alive)."""
     bf16 = W.dtype == np.uint16
     if gemv not in GEMVS:
