@@ -63,6 +63,14 @@ def test_auto_with_plain_steps_between_drafts_is_bit_exact(tiny, units, policy, 
         s = r.summary()
         assert s.bit_exact, (pairing, s.first_diff)
         assert s.plain_steps > 0 and s.rounds > 0, (pairing, s.k_chosen)
+        # the cost model prices the run's own rounds, its plain steps as greedy steps
+        plain = [x for x in r.rounds if x.k == 0]
+        drafted = [x for x in r.rounds if x.k > 0]
+        pred = spec.predict_result(u, r)
+        want = sum(sum(spec.round_cost(u, r.policy, r.pairing, x.k, x.n_ok).values()) for x in drafted)
+        want += len(plain) * u.greedy_ms_per_token + r.tail_tokens * u.greedy_ms_per_token
+        assert pred.ms_per_token * r.T == pytest.approx(want), pairing
+        assert spec.compare(u, r)["predicted_ms_per_token"] == pytest.approx(pred.ms_per_token)
 
 
 def test_launch_bound_costs_never_draft(units):

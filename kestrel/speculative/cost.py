@@ -129,9 +129,15 @@ def predict(u: UnitCosts, policy, pairing, k: int, *, hist=None, profile=None, s
 
 
 def predict_result(u: UnitCosts, result, greedy_ms_per_token: float | None = None) -> Prediction:
-    """Prediction for a measured run's own rounds (each with its own k) and tail."""
+    """Prediction for a measured run's own rounds (each with its own k) and tail. A plain step of a
+    k = "auto" run (k = 0) is priced as the run records it: the step as 'replay', the argmax of
+    a_p' as 'bookkeeping'."""
     phases = {ph: 0.0 for ph in PHASES}
     for r in result.rounds:
+        if r.k == 0:
+            phases["replay"] += u.step
+            phases["bookkeeping"] += u.argmax
+            continue
         for ph, v in round_cost(u, result.policy, result.pairing, r.k, r.n_ok).items():
             phases[ph] += v
     greedy = u.greedy_ms_per_token if greedy_ms_per_token is None else greedy_ms_per_token
