@@ -123,7 +123,7 @@ def test_bandwidth_bound_costs_follow_the_acceptance(units):
     useless = taken[30:330]
     plain = [k for _, k, _ in useless].count(0)
     probes = [i for i, (_, _, why) in enumerate(useless) if why == "probe"]
-    assert plain > 280 and len(probes) >= 3
+    assert plain > 270 and len(probes) >= 3
     gaps = np.diff(probes)
     assert all(b >= a for a, b in zip(gaps, gaps[1:])) and max(gaps) <= PROBE_GAP_MAX + 1
     good2 = [k for n, k, _ in taken[330:]]
@@ -239,15 +239,19 @@ def test_the_choosers_prices_are_the_cost_models(units, policy, pairing):
             assert c._ms(k, alphas) == pytest.approx(want, rel=1e-12)
 
 
-def test_auto_decides_well_at_the_27b_costs():
-    """The decisions alone, at the 27B shape's measured unit costs (results/bench_spec.json), every
-    round priced by the cost model with no timing noise (kestrel/lab/autosim.py), twenty seeds of
-    each acceptance case: within 5 % of the best fixed k under E16 and 3.39 tokens a round, at
-    least 0.97x greedy when nothing is accepted (where every fixed k loses), and under the switch
-    it drafts, stops and drafts again. Independent of this machine's clock."""
+@pytest.mark.parametrize("engine", ["bench_spec_tmb", "bench_spec"])
+def test_auto_decides_well_at_the_27b_costs(engine):
+    """The decisions alone, at the 27B shape's measured unit costs (results/bench_spec_tmb.json, the
+    default engine's, and bench_spec.json, fma's), every round priced by the cost model with no
+    timing noise (kestrel/lab/autosim.py), twenty seeds of each acceptance case: within 5 % of the
+    best fixed k under E16 and 3.39 tokens a round, at least 0.97x greedy when nothing is accepted
+    (where every fixed k loses), and under the switch it drafts, stops and drafts again; over 192
+    tokens, faster than every fixed k under the switch (which pays for the useless half that auto
+    skips), because the probes between plain steps notice the good drafts' return in time.
+    Independent of this machine's clock."""
     import re
     from kestrel.lab import autosim, results
-    units = results.load_spec("bench_spec").large.units
+    units = results.load_spec(engine).large.units
     g = units.greedy_ms_per_token
     for name, make in autosim.cases(64):
         r = autosim.compare(units, make, 64, (2, 3, 4), seeds=20)
@@ -258,3 +262,7 @@ def test_auto_decides_well_at_the_27b_costs():
             assert re.fullmatch(r"[1-9]+[0-9]*0000[0-9]*[1-9]0?", "".join(map(str, r["trace"]))), r["trace"]
         else:
             assert best / r["auto"] >= 0.95, (name, best / r["auto"])
+    name, make = next(c for c in autosim.cases(192) if c[0].startswith("good, useless"))
+    r = autosim.compare(units, make, 192, (2, 3, 4), seeds=5)
+    best = min(r[k] for k in (2, 3, 4))
+    assert best / r["auto"] >= 1.0, (name, best / r["auto"], r["trace"])

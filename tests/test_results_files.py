@@ -132,7 +132,11 @@ def test_every_committed_results_file_loads(path):
                                          ("bench_batch", "bench_batch_27b_tmb_greedy_h100"),
                                          ("bench_batch", "bench_batch_tiny_h200_before_prepare"),
                                          ("bench_batch", "bench_batch_27b_h100_before_prepare"),
-                                         ("bench_adaptive", "bench_adaptive_h100")])
+                                         ("bench_adaptive", "bench_adaptive_h100"),
+                                         ("bench_adaptive", "bench_adaptive_h100_fma"),
+                                         ("bench_adaptive", "bench_adaptive_t192_h100"),
+                                         ("bench_engine", "bench_engine_h100"),
+                                         ("bench_engine", "bench_engine_tmb_h100")])
 def test_committed_tables_are_what_the_writer_renders(tmp_path, script, stem):
     """results.write, given a committed file's data and provenance, writes that file and its table."""
     import importlib

@@ -39,7 +39,7 @@ Where even perfect drafts would cost more than PAY_MARGIN of a plain step a toke
 an H200: 0.90 by that file's unit costs), that error alone can make every round a loss, and the
 rounds it takes to find out cost an H100 run 8 % against greedy
 (results/bench_adaptive_h100_before_pay_margin.md, one probe round). So such a run never drafts
-(results/bench_adaptive_h100.md: 0.99x, level with greedy timed on its own engine). Shapes where speculation does pay are far from the
+(results/bench_adaptive_h100.md: 1.02x, level with greedy timed on its own engine). Shapes where speculation does pay are far from the
 margin (by the same unit costs: 0.8B 0.64, 4B 0.52, 9B 0.47, 27B 0.39; the tiny model on a 2-core
 CPU about 0.4).
 
@@ -49,7 +49,11 @@ on a 2-core CPU with some unit-cost measurements, and those runs spent their fir
 rounds on plain steps before the first probe).
 While it wins, every probe_gap plain steps one round is drafted at the best k > 0 (its outcome
 updates the estimate); a probe after which a plain step still wins doubles the gap (up to
-PROBE_GAP_MAX), any other drafted round resets it. A round that accepts all its drafts counts as a
+PROBE_GAP_MAX), any other drafted round resets it. PROBE_GAP_MAX bounds how long good drafts that
+return go unseen: at 64, an H100 run of 192 tokens whose drafts turned good again for the last
+48 barely drafted there (0.95 of the best fixed k, results/bench_adaptive_t192_h100.md); priced
+on the 27B costs (autosim), 32 beats every fixed k there and costs nothing measurable when
+nothing is accepted (0.993 against 0.992 of greedy). A round that accepts all its drafts counts as a
 hit one depth further too, so the estimate can climb to a k it has not tried (or not tried for
 CLIMB_AFTER drafted rounds: a depth judged recently keeps the rate its own rounds measured, else
 every all-accepted round of a smaller k would pull it up). With perfect drafts (every rate 1) a round that
@@ -78,7 +82,7 @@ WEIGHT = 0.2            # an observation's weight in the per-depth moving averag
 HYSTERESIS = 0.03       # a round keeps the last k chosen as best unless another is predicted this much faster
 PRIOR = 0.5             # the rate assumed for a depth before any round reached it
 PROBE_GAP = 4           # plain steps before the first probe round
-PROBE_GAP_MAX = 64      # the longest run of plain steps between probes
+PROBE_GAP_MAX = 32      # the longest run of plain steps between probes (the lag before good drafts that return are seen)
 CLIMB_AFTER = 8         # drafted rounds after a depth was last judged before all-accepted rounds climb to it
 EXPLORE = 0.10          # a k next to the best one, never timed, is tried once if predicted within this much
 PAY_MARGIN = 0.8        # drafting is tried only if perfect drafts cost at most this share of a step a token
