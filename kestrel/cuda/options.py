@@ -1,18 +1,18 @@
 """Which kernels a CUDA backend runs: chosen once, when the backend (and so the model) is made.
 
-    kestrel.load("qwen3.5-27b", device="cuda", dtype="bf16", kernels={"gemv": "tmb"})
-    CUDABackend(kernels=KernelOptions(gemv="tmb"))
+    kestrel.load("qwen3.5-27b", device="cuda", dtype="bf16", kernels={"gemv": "fma"})
+    CUDABackend(kernels=KernelOptions(gemv="fma"))
 
-gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: "tmb", the
-default, or "fma"; they differ in the last bits, so one engine uses one throughout). gdn_recur names the recurrence
-kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). pdl turns
+gemv picks the reduction order of every bf16 projection (kestrel/ops/linear.py: "tmb", the default,
+or "fma"; they differ in the last bits, so one engine uses one throughout). gdn_recur names the
+recurrence kernel the backend prefers (kestrel/ops/gdn.py; all three give the same bits). pdl turns
 programmatic dependent launch in CUDA graphs on or off (None: on where the GPU has it, sm_90 and
 later); pdl_order is the order of a kernel's two PDL calls (kernels/common.cuh, griddep_enter),
 "launch-first" or "wait-first", by default the one its GEMV runs fastest with (PDL_ORDER_OF_GEMV;
 scheduling only, never the bits). tiled_only (under gemv="tmb" only; on by default) keeps each
-projection matrix only as its tiled copy: the originals are dropped once tiled, so the weights
-take their size once instead of twice (the 27B shape then fits an 80 GB card), and reading a
-projection back from model.w is refused (CUDABackend.tiled; the tied embedding keeps its rows);
+projection matrix only as its tiled copy: the originals are dropped once tiled, so the weights take
+their size once instead of twice (the 27B shape then fits an 80 GB card), and reading a projection
+back from model.w is refused (CUDABackend.tiled; the tied embedding keeps its rows);
 tiled_only=False keeps the rows too, for code that reads them (scripts/bench_peer.py hands them to
 transformers). Unset fields take the defaults kestrel.settings reads (KESTREL_BF16_GEMV,
 KESTREL_TILED_ONLY). Plans, lowering and results files read the options from the backend: nothing

@@ -11,21 +11,22 @@ GPU kernels (kernels/linear.cu), one order per engine option (CUDABackend's Kern
 "tmb", the default for bf16 weights, tensor cores (activation rows padded to 8 columns, x split
 exactly into three bf16 terms, so its arithmetic does not depend on M) on weights stored tiled in
 fragment order (tmb_tiled; by default the tiled copy replaces the original, the kernel option
-tiled_only; with tiled_only=False the engine keeps it beside the original, CUDABackend.tiled,
-about the weights' size again; sm_90 and later); "fma", the CUDA-core GEMV (fp32 FMA, every
-weight dtype: fp32 weights always take it), the bf16 default until 2026-12-07 and kept as an
-option for comparison (results/cuda_notes.md has the record of the two). "tmb" is two kernels with one
-order, so one set of bits, and tmb_kernel picks one per matrix and M: gemv_tmr, each warp loading
-its tile's weights straight into registers, where its warps hold the whole matrix at once, and
-gemv_tmb, fed by bulk copies into shared memory, for matrices of many waves (the 27B gate|up, the
-head) and for every launch of more than 8 rows (a batch's), several row groups a block. fp32 weights, and bf16 matrices
-whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take the
-CUDA-core kernel (as do activations whose row stride or address is not a multiple of 4 elements /
-16 bytes, and "tmb" where tmb_eligible says no). All are batch-invariant; "fma" and "tmb" differ
-in the last bits, so one engine uses one of them throughout. Which is faster where is measured
-by scripts/bench_engine.py and dev/bench_projections.py (results/bench_engine*.md,
-results/bench_projections.md). Kernel variants that no engine option selects (the first
-tensor-core GEMV, shape sweeps) live in dev/ with their harness.
+tiled_only; with tiled_only=False the engine keeps it beside the original, CUDABackend.tiled, about
+the weights' size again; sm_90 and later); "fma", the CUDA-core GEMV (fp32 FMA, every weight dtype:
+fp32 weights always take it), the bf16 default until 2026-12-07 and kept as an option for comparison
+(results/cuda_notes.md has the record of the two). "tmb" is two kernels with one order, so one set
+of bits, and tmb_kernel picks one per matrix and M: gemv_tmr, each warp loading its tile's weights
+straight into registers, where its warps hold the whole matrix at once, and gemv_tmb, fed by bulk
+copies into shared memory, for matrices of many waves (the 27B gate|up, the head) and for every
+launch of more than 8 rows (a batch's), several row groups a block. fp32 weights, and bf16 matrices
+whose K, row stride or address is not a multiple of 8 elements / 16 bytes, always take the CUDA-core
+kernel (as do activations whose row stride or address is not a multiple of 4 elements / 16 bytes,
+and "tmb" where tmb_eligible says no; a matrix kept only tiled refuses such a launch instead,
+kestrel/cuda/lower.py, and the engine's own programs make none). All are batch-invariant; "fma" and "tmb" differ in the last
+bits, so one engine uses one of them throughout. Which is faster where is measured by
+scripts/bench_engine.py and dev/bench_projections.py (results/bench_engine*.md,
+results/bench_projections.md). Kernel variants that no engine option selects (the first tensor-core
+GEMV, shape sweeps) live in dev/ with their harness.
 """
 import importlib
 
