@@ -266,3 +266,30 @@ def test_auto_decides_well_at_the_27b_costs(engine):
     r = autosim.compare(units, make, 192, (2, 3, 4), seeds=5)
     best = min(r[k] for k in (2, 3, 4))
     assert best / r["auto"] >= 1.0, (name, best / r["auto"], r["trace"])
+
+
+def test_bench_adaptive_runs_and_draws_random_profiles_several_times(tmp_path):
+    """scripts/bench_adaptive.py --quick (CPU stand-ins): every case and mode runs bit-exact; the
+    profiles drawn at random (E16, 3.39 tokens a round) are drawn --seeds times, each mode's
+    ms/token the mean of the draws' medians; the fixed sequences are run once; the file reads back."""
+    import json
+    import statistics
+    import sys
+    from pathlib import Path
+    from kestrel.lab import results
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_adaptive
+    path = Path(bench_adaptive.main(["--quick", "--out", str(tmp_path), "--seeds", "2"]))
+    f = results.load_adaptive(path)
+    seeds = {c.name: c.seeds for c in f.cases}
+    assert seeds["E16 profile"] == seeds["3.39 tokens/round"] == 2, seeds
+    assert all(n == 1 for name, n in seeds.items() if name not in ("E16 profile", "3.39 tokens/round")), seeds
+    assert all(r.bit_exact for c in f.cases for r in c.runs)
+    raw = {c["name"]: c for c in json.loads(path.read_text())["cases"]}
+    for r in raw["E16 profile"]["runs"]:
+        if r["mode"].startswith(("k=", "auto")):
+            assert len(r["ms_per_token_by_seed"]) == 2
+            assert r["ms_per_token"] == pytest.approx(statistics.fmean(r["ms_per_token_by_seed"]))
+    assert "(2 draws)" in path.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        bench_adaptive.main(["--quick", "--out", str(tmp_path), "--seeds", "0"])

@@ -231,6 +231,7 @@ class AdaptiveCase:
     what: str                         # what drives acceptance: the schedule or the drafter
     T: int
     runs: tuple
+    seeds: int = 1                    # draws of a random profile, each mode's ms/token their mean
 
     def run(self, mode: str) -> AdaptiveRun:
         return next(r for r in self.runs if r.mode == mode)
@@ -253,7 +254,8 @@ def read_adaptive_file(f: Field, path: str) -> AdaptiveFile:
         runs = tuple(AdaptiveRun(r["mode"].str(), r["ms_per_token"].num(), r["speedup"].num(), r["bit_exact"].bool(),
                                  tuple(x.int(0) for x in r["k_per_round"].items()) if r.has("k_per_round") else ())
                      for r in c["runs"].items())
-        cases.append(AdaptiveCase(c["name"].str(), c["model"].str(), c["what"].str(), c["T"].int(1), runs))
+        cases.append(AdaptiveCase(c["name"].str(), c["model"].str(), c["what"].str(), c["T"].int(1), runs,
+                                  c["seeds"].int(1) if c.has("seeds") else 1))
     return AdaptiveFile(read_provenance(f), path, f["repeats"].int(1), tuple(cases))
 
 
