@@ -11,13 +11,13 @@ Cases (checkpoint policy, trained pairing; every run bit-exact against the greed
       then useless ones, then good again), whose auto run's k per round is the trace.
   (b) the embedded tiny model end to end (the mtp drafter), on this device: where a round costs
       several steps (a GPU runs it launch-bound), every fixed k loses and auto should not.
-Each mode (greedy, k = 2, 3, 4, auto) runs `--repeats` times on the same prompt; the table
-gives the medians, speedup = greedy's median / the mode's. A profile drawn at random (E16, 3.39
-tokens a round) is drawn `--seeds` times (default 8) and each mode's ms/token is the mean over the
-draws of each draw's median: one 64-token draw moves a mode by a round or two (a standard
-deviation of 6-7 % of its ms/token at either profile, priced on the 27B costs by
-kestrel/lab/autosim.py over 40 draws), more than the 5 % auto is held to. Auto's unit costs are measured once,
-before the runs, on the same model (kestrel.speculative.measure_unit_costs).
+Each mode (greedy, k = 2, 3, 4, auto) runs `--repeats` times on the same prompt; the table gives the
+medians, speedup = greedy's median / the mode's. A profile drawn at random (E16, 3.39 tokens a
+round) is drawn `--seeds` times (default 8) and each mode's ms/token is the mean over the draws of
+each draw's median: one 64-token draw moves a mode by a round or two (a standard deviation of 6-7 %
+of its ms/token at either profile, priced on the 27B costs by kestrel/lab/autosim.py over 40 draws),
+more than the 5 % auto is held to. Auto's unit costs are measured once, before the runs, on the same
+model (kestrel.speculative.measure_unit_costs).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ SAME = "greedy, auto's engine"
 def run_case(model, prompt, T, units, repeats, drafter, schedule=None, seeds: int = 1, log=print) -> list:
     """Every mode on one case -> the rows and whether every run was bit-exact. ms/token: each seed's
     median over repeats, then the mean over the seeds (a profile drawn at random: one 64-token
-    draw of it moves a mode's speed by a round or two, as much as auto's own cost)."""
+    draw of it moves a mode's speed by more than auto is compared by)."""
     g_eng = kestrel.Engine(model, max_seq=len(prompt) + T + 8, mmax=1, batch="flex")
     spec.greedy_timed(model, prompt, min(T, 8), engine=g_eng)                      # warm-up
     ref, _, _ = spec.greedy_timed(model, prompt, T, engine=g_eng)
