@@ -92,12 +92,13 @@ def run_case(model, prompt, T, units, repeats, drafter, schedule=None, seeds: in
             ms = [r.spec_ms / T for r in runs]
             per_seed.append(statistics.median(ms))
             exact = exact and all(r.bit_exact for r in runs)
-            mid = mid or runs[int(np.argsort(ms)[len(ms) // 2])]
+            if mid is None:                               # seed 0's median run
+                mid = runs[int(np.argsort(ms)[len(ms) // 2])]
         row = {"mode": mode, "ms_per_token": statistics.fmean(per_seed), "bit_exact": exact}
         if seeds > 1:
             row["ms_per_token_by_seed"] = per_seed
         if mode == "auto":
-            row["k_per_round"] = [x.k for x in mid.rounds]          # seed 0's median run
+            row["k_per_round"] = [x.k for x in mid.rounds]
         rows.append(row)
     g = rows[0]["ms_per_token"]
     for row in rows:

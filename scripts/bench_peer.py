@@ -158,7 +158,6 @@ def spec_cases() -> list:
             ("3.39 tokens a round", 4, spec.Schedule(profile=(sweep.ALPHA_3P39,) * 3, pairing="trained"))]
 
 
-
 def render(d: dict) -> str:
     L = ["# kestrel beside transformers' Qwen3.5 (same weights, same device, same run)", "",
          f"- device: {d['device']}", f"- date: {d['date']}", f"- command: `{d['command']}`",

@@ -109,15 +109,18 @@ def edit_units(u: UnitCosts, *, step: float | None = None, draft: float | None =
     return UnitCosts.from_dict(d)
 
 
-def _median_ms(be, fn, reps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
+def _median_ms(be, fn, reps: int, warmup: int, before=None) -> float:
+    """Median ms of fn() over reps calls after warmup ones; before(), if given, runs ahead of every
+    call, outside the timed span."""
     ts = []
-    for _ in range(reps):
+    for i in range(warmup + reps):
+        if before is not None:
+            before()
         a = be.now()
         fn()
         b = be.now()
-        ts.append(be.elapsed_ms(a, b))
+        if i >= warmup:
+            ts.append(be.elapsed_ms(a, b))
     return float(np.median(ts))
 
 
@@ -193,27 +196,22 @@ def measure_unit_costs(model, k_max: int = 4, ctx: int = 64, reps: int = 5, warm
     u["rollback"] = float(np.median([be.elapsed_ms(*rb()) for _ in range(reps)]))
     base = eng.mtp_cursor
 
-    def after_verify(fn):
+    def verified():
         # A round's chain runs after the verify whose rows the host has read: on a CPU the verify
         # has pushed the MTP head's weights out of the caches (a chain timed back to back ran
         # 1.2-1.6x faster than in a round), and on a GPU the device is idle when the chain is
         # launched, so its launches are not hidden behind queued work. Time it there.
-        def timed():
-            s = eng.verify_checkpointed(eng.cursor, toks[:k_max])
-            be.to_numpy(be.argmax(s.logits))
-            eng.select_checkpoint(0)
-            eng.mtp_truncate(base)
-            a = be.now()
-            fn()
-            return be.elapsed_ms(a, be.now())
-        for _ in range(warmup):
-            timed()
-        return float(np.median([timed() for _ in range(reps)]))
+        s = eng.verify_checkpointed(eng.cursor, toks[:k_max])
+        be.to_numpy(be.argmax(s.logits))
+        eng.select_checkpoint(0)
+        eng.mtp_truncate(base)
 
-    u["chain"] = {n: after_verify(lambda n=n: eng.mtp_draft(base, t1, h1, n)) for n in range(1, k_max + 1)}
+    u["chain"] = {n: _median_ms(be, lambda n=n: eng.mtp_draft(base, t1, h1, n), reps, warmup, before=verified)
+                  for n in range(1, k_max + 1)}
     u["draft"] = u["chain"][k_max] / k_max
-    u["chain_fill"] = {m: after_verify(lambda m=m: eng.mtp_draft(base, t1, h1, 1, fill_tokens=toks[:m],
-                                                                 fill_hidden=H[:m]))
+    u["chain_fill"] = {m: _median_ms(be, lambda m=m: eng.mtp_draft(base, t1, h1, 1, fill_tokens=toks[:m],
+                                                                   fill_hidden=H[:m]),
+                                     reps, warmup, before=verified)
                        for m in range(1, k_max)}
     eng.mtp_truncate(base)
 
