@@ -221,10 +221,11 @@ def file_tables(bf) -> list:
     """A bench_batch results file (results.load_batch) as chapter 9's two tables, each (rows,
     headers): every run, and the greedy passes against the weight-streaming floor."""
     runs = [[r.B, r.mode, r.k or "", f"{r.tokens_per_s:.1f}", f"{r.ms_per_token:.2f}", f"{r.speedup:.2f}x",
-             f"{r.tokens_per_round:.2f}", r.plans_made, r.bit_exact] for r in bf.rows]
+             f"{r.tokens_per_round:.2f}", "" if r.moved_per_round is None else f"{r.moved_per_round / 1e6:.0f}",
+             r.plans_made, r.bit_exact] for r in bf.rows]
     g = bf.greedy()
     passes = [[B, f"{r.ms_per_token:.2f}", f"{r.ms_per_token / bf.floor.ms:.2f}" if bf.floor else "",
                f"{r.tokens_per_s / g[min(g)].tokens_per_s:.1f}"] for B, r in sorted(g.items())]
-    return [(runs, ["B", "mode", "k", "tokens/s", "ms/token", "speedup", "tokens/round", "plans made",
-                    "bit-exact"]),
+    return [(runs, ["B", "mode", "k", "tokens/s", "ms/token", "speedup", "tokens/round",
+                    "state MB moved/round", "plans made", "bit-exact"]),
             (passes, ["B", "greedy pass (ms)", "pass / weight-streaming floor", f"tokens/s over B = {min(g)}"])]
