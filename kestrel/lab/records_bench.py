@@ -376,6 +376,14 @@ class BatchFile:
     def row(self, B: int, mode: str, k: int = 0) -> BatchRow:
         return next(r for r in self.rows if (r.B, r.mode, r.k) == (B, mode, k))
 
+    def largest_policy_B(self) -> int:
+        """The largest B an undo policy ran at (greedy may have run wider)."""
+        return max(r.B for r in self.rows if r.mode != "greedy")
+
+    def cached_over_checkpointed(self, B: int, k: int = 3) -> float:
+        """The input cache's tokens/s over per-row checkpoints' at (B, k)."""
+        return self.row(B, "input-cache", k).tokens_per_s / self.row(B, "checkpoint", k).tokens_per_s
+
 
 BATCH_MODES = ("greedy", "replay", "flex-replay", "checkpoint", "input-cache")   # a row's mode
 
