@@ -240,6 +240,32 @@ def test_the_choosers_prices_are_the_cost_models(units, policy, pairing):
 
 
 @pytest.mark.parametrize("engine", ["bench_spec_tmb", "bench_spec"])
+def test_a_drafted_round_is_chosen_only_where_it_beats_a_plain_step(engine):
+    """Hysteresis (keep the last k) and exploring (time a neighbouring k once) never take a k
+    predicted slower than a plain step: only a probe may. At the 27B costs with nothing accepted,
+    the k kept by hysteresis had once stayed a round after a plain step had become cheaper."""
+    from kestrel.lab import autosim, results
+    units = results.load_spec(engine).large.units
+    for name, make in autosim.cases(64):
+        for seed in range(3):
+            c = KChooser(units, "checkpoint", "trained", 4)
+            sched, out = make(seed), 0
+            sched.bind(4)
+            while out < 64:
+                k = c.choose(64 - out)
+                if k == 0:
+                    c.observe_plain()
+                    out += 1
+                    continue
+                n = sched.next(k, at=out)
+                c.observe(k, n)
+                out += max(n, 1)
+            for ch in c.trace:
+                if ch.k and ch.reason != "probe":
+                    assert ch.predicted[ch.k] < ch.predicted[0], (name, seed, ch)
+
+
+@pytest.mark.parametrize("engine", ["bench_spec_tmb", "bench_spec"])
 def test_auto_decides_well_at_the_27b_costs(engine):
     """The decisions alone, at the 27B shape's measured unit costs (results/bench_spec_tmb.json, the
     default engine's, and bench_spec.json, fma's), every round priced by the cost model with no

@@ -29,7 +29,10 @@ the run settles on would be priced with the other k's scale for ever, and the mo
 one k against the next by more than their difference (on a 2-core CPU the tiny model's k = 3
 rounds ran 1.09x their prediction and its k = 2 rounds 1.03x, which made k = 3 look best while
 k = 2 was 5 % faster). So once the best k has been timed, a drafted round takes, once, a
-neighbouring k that has never been timed when it is predicted within EXPLORE of the best.
+neighbouring k that has never been timed when it is predicted within EXPLORE of the best and
+faster than a plain step. Likewise hysteresis keeps the last k only while it still beats a plain
+step (at the 27B costs with nothing accepted, its fourth round had kept k = 3, predicted slower
+than a plain step, where k = 2 was still predicted faster).
 
 Whether to try at all. On a launch-bound shape a round's measured time strays from what the unit
 costs predict by more than a round's gain: the tiny model's rounds on an H200 ran 0.95-1.14x their
@@ -80,6 +83,7 @@ from .units import UnitCosts
 
 WEIGHT = 0.2            # an observation's weight in the per-depth moving average
 HYSTERESIS = 0.03       # a round keeps the last k chosen as best unless another is predicted this much faster
+                        # (and only while it beats a plain step)
 PRIOR = 0.5             # the rate assumed for a depth before any round reached it
 PROBE_GAP = 4           # plain steps before the first probe round
 PROBE_GAP_MAX = 32      # the longest run of plain steps between probes: how late returning good drafts are seen
@@ -173,14 +177,15 @@ class KChooser:
             why = "best"
             last = next((c.k for c in reversed(self.trace)
                          if c.k > 0 and c.reason == "best"), None)
-            if k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS):
+            if (k > 0 and last in ks and pred[k] > pred[last] * (1.0 - HYSTERESIS)
+                    and pred[last] < pred[0]):
                 k = last            # estimate noise would flip between near-equal k
             opening = OPEN_WITH_PROBE and self.rounds == 0    # no drafted round seen yet
             if k == 0 and (self.plain_run >= self.gap or opening):
                 k, why = min(ks, key=lambda j: pred[j]), "probe"
             elif k > 0 and self.time_scaled and k in self.kscale:
                 near = [j for j in (k - 1, k + 1) if j in ks and j not in self.kscale
-                        and pred[j] <= pred[k] * (1.0 + EXPLORE)]
+                        and pred[j] <= pred[k] * (1.0 + EXPLORE) and pred[j] < pred[0]]
                 if near:
                     k, why = min(near, key=lambda j: pred[j]), "explore"
         # pred is shared with the next choices until the estimate changes
