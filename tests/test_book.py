@@ -536,7 +536,7 @@ def test_wall_is_taught_as_measured():
     for ch in ("ch01", "ch03"):
         assert 'results.load_engine("bench_engine")' in src[ch], ch
     assert "verify batch is cheap" not in src["ch05"] and "is cheap:" not in src["ch05"]
-    assert 'results.load_spec("bench_spec")' in src["ch05"]
+    assert 'results.load_spec(results.of_default_engine("bench_spec"))' in src["ch05"]
     assert "n_{ok} = 0" in src["ch07"] and "ch08_three_ways.ipynb" in src["ch07"]
     assert "input-cache" in src["ch07"]
     # chapter 7 tells the story as one decomposition and the two fixes as a 2 x 2, from the runs

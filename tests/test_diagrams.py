@@ -453,12 +453,15 @@ def test_undo_time_policies_and_figures(model_a, rng):
 
 def test_undo_large_comparison_from_the_results_file():
     from kestrel.lab import results, serving, undo
+    name = results.of_default_engine("bench_spec")
     try:
-        results.load("bench_spec")
+        results.load(name)
     except results.ResultsFileError:
-        pytest.skip("results/bench_spec.json is not there")
+        pytest.skip(f"results/{name}.json is not there")
     big = undo.large_comparison(live=False)
-    assert not big["live"] and "results/bench_spec.json" in big["source"]
+    # the default engine's runs, the file named in the source line and the figures' provenance
+    assert not big["live"] and f"results/{name}.json" in big["source"] and big["file"] == name
+    assert f"results/{name}.json" in undo.short_source(big)
     assert big["rows"] and {r["policy"] for r in big["rows"]} <= set(diagrams.POLICY_NAMES)
     assert {(r["schedule"], r["pairing"]) for r in big["rows"]} == {(s, pr.value) for s, _, pr in undo.LARGE_PICKS}
     for r in big["rows"]:

@@ -119,13 +119,22 @@ def test_sections_without_a_gpu_say_where_they_come_from():
     here, skipped = sweep.runnable(sweep.SIZE_PRESETS + sweep.QUICK_PRESETS, device="cpu")
     assert "tiny" in here and "test-a" in here and "qwen3.5-27b" not in here
     assert {p for p, _ in skipped} == {"qwen3.5-0.8b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"}
+    default = results.of_default_engine("bench_spec")
+    assert sweep.recorded_files() == (default, "bench_spec") and default == "bench_spec_tmb"
     try:
-        results.load("bench_spec")
+        results.load(default)
     except results.ResultsFileError:
-        pytest.skip("results/bench_spec.json is not there")
-    big = sweep.large_section()
-    assert not big.live and big.data.model == "qwen3.5-27b"
-    assert big.source.startswith("read from results/bench_spec.json: measured on ")
+        pytest.skip(f"results/{default}.json is not there")
+    big = sweep.large_section()       # the default engine's runs
+    assert not big.live and big.data.model == "qwen3.5-27b" and big.file == default
+    assert big.source.startswith(f"read from results/{default}.json: measured on ") and not big.note
+    # a section the default engine's file lacks is read from the fma file, and the line says so
+    sizes = sweep.size_section()
+    if results.load_spec(default).sweep is None:
+        assert sizes.file == "bench_spec" and f"results/{default}.json (the default engine's) has no " \
+            "size sweep" in sizes.source and sizes.source.startswith("read from results/bench_spec.json")
+    else:
+        assert sizes.file == default and not sizes.note
 
 
 def test_beats_greedy_reads_the_rows(swept):

@@ -221,6 +221,16 @@ def stem(name: str, kernels: dict | None) -> str:
     return name if gemv in (None, "fma") else f"{name}_{gemv}"
 
 
+DEFAULT_GEMV = settings.VARIABLES["KESTREL_BF16_GEMV"][0]   # the bf16 GEMV a plain kestrel.load gets
+
+
+def of_default_engine(name: str) -> str:
+    """`name`'s results file as the default engine wrote it (stem under DEFAULT_GEMV, e.g.
+    bench_spec -> bench_spec_tmb): where the book reads a GPU story recorded by one engine, it
+    reads the engine a reader gets."""
+    return stem(name, {"gemv": DEFAULT_GEMV})
+
+
 def recorded_command(script: str, argv: list, switches: dict | None = None) -> str:
     """The command line a results file records, led by the kernel switches it ran under; the
     output folder is written OUTDIR (where a run put its files says nothing about what it measured)."""

@@ -212,7 +212,7 @@ def plan_work(be) -> int:
 def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, repeats: int = 3, reps: int = 7,
                seed: int = 0, log=_quiet) -> dict:
     """The replay drafter at one (large) shape: every schedule x every policy, each run `repeats`
-    times with greedy timed in the same call. -> the "large" section of results/bench_spec.json:
+    times with greedy timed in the same call. -> the "large" section of a bench_spec results file:
     per run the RunSummary's dict of the repeat with the median speedup (phases, log, histogram,
     the cost model beside it) with ms_per_token and greedy_ms_per_token replaced by their medians
     over the repeats, speedup by greedy / spec of those medians, and ms_per_token_range,
@@ -269,12 +269,14 @@ def large_runs(model, *, T: int = 64, P: int = 32, schedules=LARGE_SCHEDULES, re
 # ---- for the book: live where the GPU holds it, else the results file ------------------------------------
 class Section:
     """A results section and where it came from: `data`, the record (results.SpecSection for the
-    27B runs, records.Sweep for the size sweep) whether measured just now or read from
-    results/bench_spec.json, `live`, `why` (what decided it), `prov` (a results.Provenance, for
-    results.annotate) and `source`, one line that says all of it."""
+    27B runs, records.Sweep for the size sweep) whether measured just now or read from a results
+    file of scripts/bench_spec.py, `live`, `why` (what decided it), `prov` (a results.Provenance,
+    for results.annotate), `file` (the results file read, None when live) and `source`, one line
+    that says all of it."""
 
-    def __init__(self, data, live: bool, why: str, prov: results.Provenance, note: str = ""):
-        self.data, self.live, self.why, self.prov, self.note = data, live, why, prov, note
+    def __init__(self, data, live: bool, why: str, prov: results.Provenance, note: str = "",
+                 file: str | None = None):
+        self.data, self.live, self.why, self.prov, self.note, self.file = data, live, why, prov, note, file
 
     @property
     def source(self) -> str:
@@ -282,20 +284,35 @@ class Section:
         if self.live:
             line = f"measured live here, on {p.device} at {p.date} (`{p.command}`); {self.why}"
         else:
-            line = f"read from results/bench_spec.json: {p.line()}; {self.why}"
+            line = f"read from results/{self.file}.json: {p.line()}; {self.why}"
         return line + (f"; {self.note}" if self.note else "")
 
 
-def _recorded(section: str) -> Section | None:
-    """bench_spec.json's section ('large' or 'sweep') and its provenance, or None where the
-    file or the section is absent (a damaged file raises results.ResultsFileError)."""
-    if not results.path_of("bench_spec").exists():
-        return None
-    f = results.load_spec("bench_spec")
-    if section == "sweep":
-        return None if f.sweep is None else (f.sweep, replace(f.provenance, device=f.sweep.device))
-    sec = getattr(f, section)
-    return None if sec is None else (sec, sec.provenance)
+def recorded_files() -> tuple:
+    """The results files a recorded section is read from, in order: the default engine's
+    (results.of_default_engine), then the CUDA-core GEMV's (bench_spec), for a section the
+    first lacks (its size sweep was not re-run under the default engine)."""
+    return tuple(dict.fromkeys((results.of_default_engine("bench_spec"), "bench_spec")))
+
+
+def _recorded(section: str) -> tuple | None:
+    """(record, provenance, file, note) of the first of recorded_files() that has the section
+    ('large' or 'sweep'); the note says when that is not the default engine's file. None where no
+    file has it (a damaged file raises results.ResultsFileError)."""
+    files = recorded_files()
+    for name in files:
+        if not results.path_of(name).exists():
+            continue
+        f = results.load_spec(name)
+        rec = getattr(f, section)
+        if rec is None:
+            continue
+        prov = replace(f.provenance, device=rec.device) if section == "sweep" else rec.provenance
+        note = "" if name == files[0] else (f"results/{files[0]}.json (the default engine's) has no "
+                                            f"{'size sweep' if section == 'sweep' else section + ' section'}, "
+                                            f"so this one is the CUDA-core GEMV's (fma)")
+        return rec, prov, name, note
+    return None
 
 
 def _live_prov(device: str, what: str) -> results.Provenance:
@@ -305,7 +322,7 @@ def _live_prov(device: str, what: str) -> results.Provenance:
 def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64, P: int = 32,
                  repeats: int = 1, fallback_T: int = 16, log=_quiet) -> Section:
     """The size sweep: live when a CUDA GPU holds the largest preset (live=None decides), else
-    results/bench_spec.json's "sweep" section; if that file has none yet, the sweep runs here,
+    the "sweep" section of the first of recorded_files() that has one; if none has, it runs here,
     on this machine's backend, for the presets it can run (T=fallback_T), and says so."""
     ok, why = gpu_fits(presets)
     if live is None:
@@ -315,11 +332,11 @@ def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64,
         return Section(results.live_sweep(d), True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"))
     rec = _recorded("sweep")
     if rec is not None:
-        return Section(rec[0], False, why, rec[1])
+        return Section(rec[0], False, why, rec[1], rec[3], rec[2])
     here, skipped = runnable(presets + tuple(p for p in QUICK_PRESETS if p not in presets))
     d = size_sweep(here, T=fallback_T, P=min(P, 16), repeats=repeats, log=log)
     d["skipped"] = [{"preset": p, "why": w} for p, w in skipped]
-    note = (f"results/bench_spec.json has no sweep yet, so it ran on this machine for "
+    note = (f"no results file of {', '.join(recorded_files())} has a sweep yet, so it ran on this machine for "
             f"{', '.join(here)} (T = {fallback_T})")
     return Section(results.live_sweep(d), True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"), note)
 
@@ -341,9 +358,9 @@ def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64,
         return Section(results.live_section(d, "large", prov), True, why, prov)
     rec = _recorded("large")
     if rec is None:
-        raise results.ResultsFileError("results/bench_spec.json has no 'large' section and no GPU here holds "
-                                       f"{preset}: run scripts/bench_spec.py on a GPU")
-    return Section(rec[0], False, why, rec[1])
+        raise results.ResultsFileError(f"no results file of {', '.join(recorded_files())} has a 'large' section "
+                                       f"and no GPU here holds {preset}: run scripts/bench_spec.py on a GPU")
+    return Section(rec[0], False, why, rec[1], rec[3], rec[2])
 
 
 # ---- reading a sweep --------------------------------------------------------------------------------------

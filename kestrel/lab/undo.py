@@ -284,7 +284,7 @@ def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repe
     """The four policies at the Qwen3.5-27B shape (random bf16 weights; the replay drafter forces
     the article's histogram on the article pairing and the E16 profile on the trained one, k = 3):
     sweep.large_section's runs of LARGE_SCHEDULES, live when a GPU holds the shape (live=None
-    decides), else results/bench_spec.json.
+    decides), else the recorded runs (sweep.recorded_files: the default engine's file first).
     -> {"live", "source" (a provenance line), "why", "rows": [{schedule, pairing, policy, ms,
     speedup (each the median over the repeats), greedy, bit_exact, state_per_token}], "missing": [...]}"""
     sec = sweep.large_section(live, T=T, P=P, repeats=repeats, schedules=LARGE_SCHEDULES)
@@ -303,6 +303,7 @@ def large_comparison(*, live: bool | None = None, T: int = 64, P: int = 32, repe
     p = sec.prov
     return {"live": sec.live, "why": sec.why, "rows": rows, "missing": missing, "T": sec.data.T,
             "repeats": sec.data.repeats, "units": sec.data.units, "device": p.device, "date": p.date[:10],
+            "file": sec.file,
             "source": sec.source}
 
 
@@ -326,7 +327,7 @@ def large_table(big: dict) -> str:
 
 def short_source(big: dict) -> str:
     """'measured on <device> at <date>' (+ the file) for a figure's provenance line."""
-    where = "live" if big["live"] else "results/bench_spec.json"
+    where = "live" if big["live"] else f"results/{big.get('file') or 'bench_spec'}.json"
     return f"measured on {big.get('device', '?')} at {big.get('date', '?')} ({where})"
 
 
