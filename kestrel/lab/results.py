@@ -221,13 +221,14 @@ def stem(name: str, kernels: dict | None) -> str:
     return name if gemv in (None, "fma") else f"{name}_{gemv}"
 
 
-DEFAULT_GEMV = settings.VARIABLES["KESTREL_BF16_GEMV"][0]   # the bf16 GEMV a plain kestrel.load gets
+DEFAULT_GEMV = settings.VARIABLES["KESTREL_BF16_GEMV"][0]   # the default bf16 GEMV (the variable unset)
 
 
 def of_default_engine(name: str) -> str:
     """`name`'s results file as the default engine wrote it (stem under DEFAULT_GEMV, e.g.
     bench_spec -> bench_spec_tmb): where the book reads a GPU story recorded by one engine, it
-    reads the engine a reader gets."""
+    reads the default one's, whatever this process's KESTREL_BF16_GEMV says (the book's page must
+    not change with a reader's environment)."""
     return stem(name, {"gemv": DEFAULT_GEMV})
 
 

@@ -158,8 +158,9 @@ def fits_rows(cfg, device_bytes: float, k: int = 3, contexts=(4096, 32768, 13107
 
 
 def device_memory() -> tuple:
-    """(bytes, name) of the device results/bench_engine.json was measured on."""
-    d = results.load_engine("bench_engine")
+    """(bytes, name) of the device the default engine's engine benchmark was measured on
+    (results.of_default_engine("bench_engine"))."""
+    d = results.load_engine(results.of_default_engine("bench_engine"))
     if d.device_props is None:
         raise results.ResultsFileError(f"{d.path}: device_props: missing (the device's memory)")
     return float(d.device_props.memory_bytes), d.device_props.name
