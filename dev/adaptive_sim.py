@@ -21,6 +21,17 @@ prior falling with depth, twice the hysteresis) moved these by 1 % or less, pric
 unit costs. A fifth, the draft phase scaled apart from the rest of a round, measured live on the
 CPU, did no better (0.916 of fixed k = 2's speed against the chooser's 0.923, eight repeats of the
 six starts).
+
+Later that day, on results/bench_spec_tmb.json's unit costs (the default engine's) and
+bench_spec.json's, 30 seeds, without noise and with 5 % noise: hysteresis and exploring were
+found taking a k predicted slower than a plain step (the opening 3, 2, 4, 3 with nothing
+accepted, as the H100 run recorded it); the rule that only a probe may do so moved nothing
+accepted from 0.983 to 0.984 of greedy and the rest by under 0.1 %, and was kept. Not kept: the
+prior counted as half (a quarter of) an observation, which took nothing accepted to 0.990
+(0.992) but E16 to 0.974 (0.953) of the best fixed k, from 0.988; exploring only a k predicted
+3 % or 5 % under a plain step, which moved every case by 0.2 % or less. Priced without the
+host's time, the decisions alone keep 0.98 of greedy when nothing is accepted, where the H100 run
+measured 0.964: the rest of that miss is the host's time a round and auto's engine (mmax = k_max).
 """
 from __future__ import annotations
 
