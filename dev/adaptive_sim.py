@@ -31,7 +31,9 @@ prior counted as half (a quarter of) an observation, which took nothing accepted
 (0.992) but E16 to 0.974 (0.953) of the best fixed k, from 0.988; exploring only a k predicted
 3 % or 5 % under a plain step, which moved every case by 0.2 % or less. Priced without the
 host's time, the decisions alone keep 0.98 of greedy when nothing is accepted, where the H100 run
-measured 0.964: the rest of that miss is the host's time a round and auto's engine (mmax = k_max).
+measured 0.964: the rest of that miss is not in the decisions. Auto's engine (mmax = k_max) is
+0.5 % of it (its plain steps 18.99 against 18.90 ms in that file); the remainder is what the
+simulation does not price, the host's work a round above all (not timed apart in that run).
 """
 from __future__ import annotations
 
