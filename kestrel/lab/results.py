@@ -228,7 +228,7 @@ def of_default_engine(name: str) -> str:
     """`name`'s results file as the default engine wrote it (stem under DEFAULT_GEMV, e.g.
     bench_spec -> bench_spec_tmb): where the book reads a GPU story recorded by one engine, it
     reads the default one's, whatever this process's KESTREL_BF16_GEMV says (the book's page must
-    not change with a reader's environment)."""
+    not change with a reader's settings)."""
     return stem(name, {"gemv": DEFAULT_GEMV})
 
 
