@@ -295,10 +295,10 @@ def recorded_files() -> tuple:
     return tuple(dict.fromkeys((results.of_default_engine("bench_spec"), "bench_spec")))
 
 
-def _recorded(section: str) -> tuple | None:
-    """(record, provenance, file, note) of the first of recorded_files() that has the section
-    ('large' or 'sweep'); the note says when that is not the default engine's file. None where no
-    file has it (a damaged file raises results.ResultsFileError)."""
+def _recorded(section: str, why: str) -> Section | None:
+    """The Section of the first of recorded_files() that has `section` ('large' or 'sweep'),
+    its note saying when that is not the default engine's file; None where no file has it (a
+    damaged file raises results.ResultsFileError)."""
     files = recorded_files()
     for name in files:
         if not results.path_of(name).exists():
@@ -311,7 +311,7 @@ def _recorded(section: str) -> tuple | None:
         note = "" if name == files[0] else (f"results/{files[0]}.json (the default engine's) has no "
                                             f"{'size sweep' if section == 'sweep' else section + ' section'}, "
                                             f"so this one is the CUDA-core GEMV's (fma)")
-        return rec, prov, name, note
+        return Section(rec, False, why, prov, note, name)
     return None
 
 
@@ -330,9 +330,9 @@ def size_section(live: bool | None = None, *, presets=SIZE_PRESETS, T: int = 64,
     if live:
         d = size_sweep(presets, T=T, P=P, device="cuda", repeats=repeats, log=log)
         return Section(results.live_sweep(d), True, why, _live_prov(d["device"], "kestrel.lab.sweep.size_sweep"))
-    rec = _recorded("sweep")
+    rec = _recorded("sweep", why)
     if rec is not None:
-        return Section(rec[0], False, why, rec[1], rec[3], rec[2])
+        return rec
     here, skipped = runnable(presets + tuple(p for p in QUICK_PRESETS if p not in presets))
     d = size_sweep(here, T=fallback_T, P=min(P, 16), repeats=repeats, log=log)
     d["skipped"] = [{"preset": p, "why": w} for p, w in skipped]
@@ -356,11 +356,11 @@ def large_section(live: bool | None = None, *, preset: str = LARGE, T: int = 64,
         free_device_memory()
         prov = _live_prov(d["device"], "kestrel.lab.sweep.large_runs")
         return Section(results.live_section(d, "large", prov), True, why, prov)
-    rec = _recorded("large")
+    rec = _recorded("large", why)
     if rec is None:
         raise results.ResultsFileError(f"no results file of {', '.join(recorded_files())} has a 'large' section "
                                        f"and no GPU here holds {preset}: run scripts/bench_spec.py on a GPU")
-    return Section(rec[0], False, why, rec[1], rec[3], rec[2])
+    return rec
 
 
 # ---- reading a sweep --------------------------------------------------------------------------------------

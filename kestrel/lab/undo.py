@@ -327,7 +327,7 @@ def large_table(big: dict) -> str:
 
 def short_source(big: dict) -> str:
     """'measured on <device> at <date>' (+ the file) for a figure's provenance line."""
-    where = "live" if big["live"] else f"results/{big.get('file') or 'bench_spec'}.json"
+    where = "live" if big["live"] else f"results/{big['file']}.json"
     return f"measured on {big.get('device', '?')} at {big.get('date', '?')} ({where})"
 
 
