@@ -249,17 +249,7 @@ def test_a_drafted_round_is_chosen_only_where_it_beats_a_plain_step(engine):
     for name, make in autosim.cases(64):
         for seed in range(3):
             c = KChooser(units, "checkpoint", "trained", 4)
-            sched, out = make(seed), 0
-            sched.bind(4)
-            while out < 64:
-                k = c.choose(64 - out)
-                if k == 0:
-                    c.observe_plain()
-                    out += 1
-                    continue
-                n = sched.next(k, at=out)
-                c.observe(k, n)
-                out += max(n, 1)
+            autosim.priced_run(units, make(seed), 64, "auto", chooser=c)
             for ch in c.trace:
                 if ch.k and ch.reason != "probe":
                     assert ch.predicted[ch.k] < ch.predicted[0], (name, seed, ch)

@@ -18,14 +18,16 @@ from .sweep import ALPHA_3P39
 
 
 def priced_run(units, schedule, T: int, k, *, k_max: int = 4, policy="checkpoint", bias=None,
-               sigma: float = 0.0, rng=None) -> tuple:
+               sigma: float = 0.0, rng=None, chooser: KChooser | None = None) -> tuple:
     """One run of T tokens at a fixed k (an int; its last short round shrinks, a single token is a
     plain step) or k = "auto" (up to k_max) -> (ms per token, the k of each round, 0: a plain
-    step). bias: k -> factor on its rounds' prices (0: plain steps); sigma: log-normal noise."""
+    step). bias: k -> factor on its rounds' prices (0: plain steps); sigma: log-normal noise.
+    chooser: the KChooser that decides a k = "auto" run (default: a new one), so that a caller can
+    read its trace (every decision with its reason and predictions) afterwards."""
     bias = bias or {}
     rng = rng if rng is not None else np.random.default_rng(0)
     pairing = schedule.pairing
-    ch = KChooser(units, policy, pairing, k_max) if k == "auto" else None
+    ch = (chooser or KChooser(units, policy, pairing, k_max)) if k == "auto" else None
     schedule.bind(k_max)                        # a fixed k takes min(n_ok, k) of what it asks
     out, ms, ks = 0, 0.0, []
     while out < T:
