@@ -130,10 +130,10 @@ def main(argv=None):
                                                            argv if argv is not None else sys.argv[1:], {}),
                                   results.measured_commit(), None)
         d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained",
-             "rows": rows, "weights": model.weight_dtype,
+             "rows": sorted(rows, key=lambda r: r["B"]),   # stable: each B's rows in the order run "weights": model.weight_dtype,
              "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(), "floor": floor}
         if units:
-            d["unit_costs"] = units
+            d["unit_costs"] = sorted(units, key=lambda u: u["B"])
         if unfit:
             d["did_not_fit"] = unfit
         if partial:                # written after each B, so a run stopped part-way keeps what it measured
@@ -154,6 +154,7 @@ def main(argv=None):
             print(f"B={B:4d} k={u['k']} passes (ms): greedy {u['step']:.3f}  verify ckpt {u['verify_ckpt']:.3f} + select "
                   + "/".join(f"{v:.3f}" for v in u["select"].values()) + f"  verify cached {u['verify_cached']:.3f} + "
                   "fold " + "/".join(f"{v:.3f}" for v in u["fold"].values()))
+            write(partial=True)
     path = write(partial=False)
     print(f"wrote {path}")
     return path

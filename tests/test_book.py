@@ -534,7 +534,7 @@ def test_wall_is_taught_as_measured():
     input-cache chapter, and tells the story from the 27B runs (decomposition, 2 x 2)."""
     src = {p.name[:4]: "\n".join("".join(c["source"]) for c in _cells(p)) for p in CHAPTERS_1_7}
     for ch in ("ch01", "ch03"):
-        assert 'results.load_engine("bench_engine")' in src[ch], ch
+        assert 'results.load_engine(results.of_default_engine("bench_engine"))' in src[ch], ch
     assert "verify batch is cheap" not in src["ch05"] and "is cheap:" not in src["ch05"]
     assert 'results.load_spec(results.of_default_engine("bench_spec"))' in src["ch05"]
     assert "n_{ok} = 0" in src["ch07"] and "ch08_three_ways.ipynb" in src["ch07"]
