@@ -121,13 +121,19 @@ def print_wrapped(text: str, width: int = TEXT_WIDTH) -> None:
 
 # --------------------------------------------------------------------------- tables
 
+WRAP_AT = 28
+
+
 def table_html(rows, head, *, align=None, caption: str | None = None) -> str:
     """An HTML table in a box that scrolls sideways when it is wider than the page (class
     kestrel-table, book/_static/kestrel.css), so no column is ever cut off."""
     from html import escape
     align = align or ["left"] + ["right"] * (len(head) - 1)
     th = "".join(f'<th style="text-align:{a}">{escape(str(h))}</th>' for h, a in zip(head, align))
-    body = "".join("<tr>" + "".join(f'<td style="text-align:{a}">{escape(str(c))}</td>'
+    # a cell of prose (longer than WRAP_AT characters, with spaces) wraps in a bounded width, so a
+    # table of words and numbers fits the page instead of hiding its numbers behind a scroll
+    wrap = lambda c: ' class="kt-wrap"' if len(c) > WRAP_AT and " " in c else ""  # noqa: E731
+    body = "".join("<tr>" + "".join(f'<td style="text-align:{a}"{wrap(str(c))}>{escape(str(c))}</td>'
                                     for c, a in zip(r, align)) + "</tr>" for r in rows)
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     return (f'<div class="kestrel-table"><table>{cap}<thead><tr>{th}</tr></thead>'
