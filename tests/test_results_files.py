@@ -130,7 +130,7 @@ def test_every_committed_results_file_loads(path):
                                          ("bench_batch", "bench_batch_9b_tmb_passes_h100"),
                                          ("bench_batch", "bench_batch_27b_tmb_h100"),
                                          ("bench_batch", "bench_batch_27b_tmb_greedy_h100"),
-                                         ("bench_batch", "bench_batch_27b_default_h100"),
+                                         ("bench_batch", "bench_batch"),
                                          ("bench_batch", "bench_batch_tiny_h200_before_prepare"),
                                          ("bench_batch", "bench_batch_27b_h100_before_prepare"),
                                          ("bench_adaptive", "bench_adaptive_h100"),
