@@ -102,7 +102,7 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
         raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
     rows = projection_rows(cfg, k, n, batches, contexts)
     what_t = {"memory": "memory held", "bytes": "bytes moved per round"}[what]
-    title = f"{cfg.name}, k = {k}: {what_t}<br><sub>a projection, not a measurement</sub>"
+    title = f"{cfg.name}, k = {k}: {what_t} (a projection, not a measurement)"
     if what == "memory":
         fig = make_subplots(rows=1, cols=len(contexts), horizontal_spacing=0.07,
                             subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])
@@ -136,7 +136,9 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
     fig.update_xaxes(type="log", tickvals=ticks, ticktext=[str(b) for b in ticks], tickangle=0)
     fig.update_xaxes(title="sequences decoding together (B)", row=1, col=(len(contexts) + 1) // 2 if what == "memory"
                      else 1)
-    fig.update_layout(template="plotly_white", height=height, margin=dict(t=90), title=title)
+    # the title sits above the panels' own titles, with room between them
+    fig.update_layout(template="plotly_white", height=height, margin=dict(t=110),
+                      title=dict(text=title, y=0.97, yanchor="top"))
     legend_below(fig, 48, 56, left=70)
     return fig
 

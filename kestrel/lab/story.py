@@ -103,4 +103,4 @@ def rows(steps: list) -> list:
 
 
 HEAD = ["step", "undo", "pairing", "vs greedy", "ms/token", "verify", "draft", "rows recomputed",
-        "plain steps (n_ok = 0 rounds)", "mark, undo, sync, bookkeeping"]
+        "plain steps (n_ok = 0)", "other"]        # other: mark, undo, sync, bookkeeping

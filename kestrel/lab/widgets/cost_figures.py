@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kestrel import speculative as spec
 from kestrel.errors import KestrelError
+from ..diagrams.common import legend_below
 from .figures import POLICY_COLORS, compact, layout_fig
 from .frames import add_player
 from .runs import as_runs, as_units, pad_profile
@@ -118,7 +119,7 @@ def cost_surface_figure(unit_costs, policy="replay", pairing="article", measured
 
 def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=None, measured=None,
                          ks=spec.K_VALUES, alphas=None, alpha0: float = 0.7, greedy_ms_per_token: float | None = None,
-                         title: str | None = None, height: int = 440):
+                         title: str | None = None, height: int = 540):
     """Kernel-free twin of cost_explorer: predicted speedup vs k, one line per policy (colour)
     and pairing (dash), with a slider (frames) over the flat acceptance alpha; measured runs as
     markers (hover: their equivalent alpha). Display with kestrel.lab.plots.show_animated."""
@@ -140,8 +141,10 @@ def cost_explorer_static(unit_costs, *, pairings=tuple(spec.Pairing), policies=N
     title = title or "Predicted speedup vs k, per policy (slider: flat acceptance α)"
     fig = layout_fig(None, height, xaxis=dict(title="k (drafts per round)", tickvals=ks),
                      yaxis=dict(title="speedup vs greedy (×)", range=[0, ymax * 1.08 + 0.05]),
-                     legend=dict(orientation="v", yanchor="top", y=1.0, x=1.02),   # beside: above, it
-                     margin=dict(l=60, r=190, t=90, b=120))                      # covered the title
+                     margin=dict(l=60, r=20, t=90))
+    # the legend under the slider (beside the plot it squeezed the plot to half the page; above
+    # it, it covered the title): ~3 rows of entries over the slider's ~120 px
+    legend_below(fig, 70, 130, left=60)
 
     def traces(i):
         return [dict(type="scatter", x=ks, y=curves[(pol, pr)][i], mode="lines+markers", name=f"{pol} · {pr}",
