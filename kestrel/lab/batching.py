@@ -200,7 +200,8 @@ def unit_costs(model, B: int, k: int, reps: int = 5, prompt_len: int = 16, seed:
 def order_depends_on_batch():
     """The negative control (chapter 9): while open, the CPU projection sums each dot product
     as 1, 2 or 3 partial sums, chosen by how many rows share the call (as a GEMM library picking
-    its kernel by shape does), so a row's bits depend on the batch."""
+    its kernel by shape does), so a row's bits depend on the batch. It patches the NumPy
+    projection only: a model on the CUDA backend does not see it (run the control on the CPU)."""
     right = _linear.linear
 
     def by_batch(x, w):
