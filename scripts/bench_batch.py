@@ -130,7 +130,8 @@ def main(argv=None):
                                                            argv if argv is not None else sys.argv[1:], {}),
                                   results.measured_commit(), None)
         d = {"model": model.cfg.name, "T": a.T, "profile": list(spec.E16_PROFILE), "pairing": "trained",
-             "rows": sorted(rows, key=lambda r: r["B"]),   # stable: each B's rows in the order run "weights": model.weight_dtype,
+             "rows": sorted(rows, key=lambda r: r["B"]),   # stable: each B's rows in the order run
+             "weights": model.weight_dtype,
              "kernels": None if model.be.kernels is None else model.be.kernels.as_dict(), "floor": floor}
         if units:
             d["unit_costs"] = sorted(units, key=lambda u: u["B"])

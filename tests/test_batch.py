@@ -464,14 +464,16 @@ def _bench_batch_script():
 
 def test_bench_batch_script_writes_its_table(tmp_path):
     """scripts/bench_batch.py on the embedded model, a small grid: a results file naming device,
-    date and command, every stream bit-exact, one row per (B, greedy | policy, k)."""
+    date, command and the weights' dtype, every stream bit-exact, one row per (B, greedy | policy,
+    k), the rows and the passes in the order of B whatever order the batch sizes were run in."""
     import json
     from pathlib import Path
     mod = _bench_batch_script()
-    out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "1", "3", "--k", "2",
+    out = mod.main(["--out", str(tmp_path), "--device", "cpu", "--B", "3", "1", "--k", "2",
                     "--policies", "checkpoint", "input-cache", "--T", "12"])
     d = json.loads(Path(out).read_text())
     assert d["device"].startswith("CPU") and d["date"] and "bench_batch.py" in d["command"]
+    assert d["weights"] == "fp32"          # the embedded model's; a 27B run records bf16
     assert [(r["B"], r["mode"]) for r in d["rows"]] == [(1, "greedy"), (1, "checkpoint"), (1, "input-cache"),
                                                        (3, "greedy"), (3, "checkpoint"), (3, "input-cache")]
     assert all(r["bit_exact"] for r in d["rows"])
