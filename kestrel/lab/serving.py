@@ -102,7 +102,10 @@ def projection_figure(cfg, what: str = "memory", k: int = 3, n: float | None = N
         raise spec.SpecArgumentError(f"what must be 'memory' or 'bytes', got {what!r}")
     rows = projection_rows(cfg, k, n, batches, contexts)
     what_t = {"memory": "memory held", "bytes": "bytes moved per round"}[what]
-    title = f"{cfg.name}, k = {k}: {what_t} (a projection, not a measurement)"
+    # one line above the memory panels' own titles; two for the single bytes panel, whose one
+    # line did not fit a narrow page
+    title = f"{cfg.name}, k = {k}: {what_t}" + (" (a projection, not a measurement)" if what == "memory"
+                                                else "<br><sup>a projection, not a measurement</sup>")
     if what == "memory":
         fig = make_subplots(rows=1, cols=len(contexts), horizontal_spacing=0.07,
                             subplot_titles=[f"context L = {L // 1024}K tokens" for L in contexts])

@@ -62,6 +62,15 @@ def hist_figure(runs, *, k: int | None = None, names=None, normalize: bool = Fal
     return fig
 
 
+def two_lines(label: str, longest: int = 16) -> str:
+    """A tick label longer than `longest` characters, broken at the space nearest its middle."""
+    spaces = [i for i, ch in enumerate(label) if ch == " "]
+    if len(label) <= longest or not spaces:
+        return label
+    cut = min(spaces, key=lambda i: abs(i - len(label) / 2))
+    return label[:cut] + "<br>" + label[cut + 1:]
+
+
 def phase_figure(runs, *, names=None, title: str | None = None, height: int = 420, totals: bool = True,
                  legend_above: bool = False):
     """Stacked bars of ms per emitted token by phase (spec.PHASES, plus the strict tail), one
@@ -93,6 +102,8 @@ def phase_figure(runs, *, names=None, title: str | None = None, height: int = 42
         fig.add_scatter(x=labels, y=ys, mode="text", text=[ms_label(t) for t in tot], textposition="top center",
                         showlegend=False, hoverinfo="skip", name="total", cliponaxis=False,
                         customdata=tot)
+    # long names on two level lines: rotated, they ran into the provenance line under the axis
+    fig.update_xaxes(tickangle=0, tickmode="array", tickvals=labels, ticktext=[two_lines(s) for s in labels])
     if any(x is not None for x in g):
         fig.add_scatter(x=labels, y=g, mode="markers", name="greedy ms/token",
                         marker=dict(symbol="line-ew-open", size=56, color="black", line=dict(width=3, color="black")),
